@@ -1,0 +1,358 @@
+"""A scripted, deterministic engine with the same protocol as VllmEngine.
+
+It exists for the UI's pilot tests and snapshots and for the UI benchmark. It imports no
+vLLM, runs on an injected clock, and schedules like a tiny paged-attention engine: whole-
+prompt prefill, one token per decode step, blocks taken from a free list, and preemption of
+the newest request when a decode step finds no free block. Engine tests never use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from engine.clock import Clock, VirtualClock
+from engine.errors import EngineDied, PromptTooLong
+from engine.events import (
+    ChatMessage,
+    EngineEvent,
+    GenerationRequest,
+    LoadProgress,
+    ModelCard,
+    ProgressCallback,
+    RequestAccepted,
+    RequestBlocks,
+    RequestFinished,
+    StepListener,
+    StepSample,
+    TokenEvent,
+)
+
+REPLY = (
+    "The KV cache keeps the keys and values of every token seen so far , so each new "
+    "token reads them instead of recomputing the whole prompt . Prefill fills the cache in "
+    "one large step ; decode then adds one token per step , and each step reads the weights "
+    "once ."
+).split()
+
+FILLER = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+    "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
+).split()
+
+# Chat template overhead, in tokens: the fake's stand-in for "<|im_start|>user\n ... <|im_end|>".
+PER_MESSAGE_OVERHEAD = 4
+GENERATION_PROMPT = 3
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    name: str = "fake/SmolLM2-135M-Instruct"
+    max_model_len: int = 2048
+    block_size: int = 16
+    total_blocks: int = 64
+    num_layers: int = 30
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    prefill_s_per_token: float = 0.0001
+    prefill_base_s: float = 0.01
+    decode_step_s: float = 0.02
+    decode_s_per_context_token: float = 0.000001
+    reply_words: tuple[str, ...] = tuple(REPLY)
+    # Scripted stalls: output index -> extra seconds, to show the latency colouring.
+    stalls: tuple[tuple[int, float], ...] = ()
+    die_at_step: int | None = None
+
+
+@dataclass
+class _Live:
+    request: GenerationRequest
+    prompt_ids: tuple[int, ...]
+    queue: asyncio.Queue[EngineEvent | BaseException]
+    submitted_at: float
+    internal_id: str
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens whose KV is in `blocks`
+    output: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    aborted: bool = False
+    preemptions: int = 0
+
+
+class FakeEngine:
+    def __init__(self, config: FakeConfig | None = None, clock: Clock | None = None) -> None:
+        self.config = config or FakeConfig()
+        self.clock: Clock = clock or VirtualClock()
+        self._card: ModelCard | None = None
+        self._listeners: list[StepListener] = []
+        self._waiting: list[_Live] = []
+        self._running: list[_Live] = []
+        self._by_id: dict[str, _Live] = {}
+        self._free: list[int] = []
+        self._step = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._dead: str | None = None
+        self._ids = itertools.count()
+
+    # -- protocol -------------------------------------------------------------------------
+    @property
+    def card(self) -> ModelCard | None:
+        return self._card
+
+    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
+        c = self.config
+        for i, stage in enumerate(("reading config", "loading weights", "allocating KV pool")):
+            if progress:
+                progress(LoadProgress(stage, (i + 1) / 3))
+        self._free = list(range(c.total_blocks))
+        self._dead = None
+        self._step = 0
+        self._card = ModelCard(
+            name=c.name,
+            path=c.name,
+            dtype="bfloat16",
+            num_layers=c.num_layers,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * 2,
+            max_model_len=c.max_model_len,
+            block_size=c.block_size,
+            total_blocks=c.total_blocks,
+            device="fake",
+        )
+        return self._card
+
+    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        ids: list[int] = []
+        for m in messages:
+            ids += [1] * PER_MESSAGE_OVERHEAD
+            ids += [self._word_id(w) for w in m.content.split()]
+        return tuple(ids + [2] * GENERATION_PROMPT)
+
+    def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
+        tail = [self._word_id(w) for w in suffix.split()]
+        fixed = PER_MESSAGE_OVERHEAD + GENERATION_PROMPT + len(tail)
+        filler = [100 + (seed + i) % len(FILLER) for i in range(max(0, num_tokens - fixed))]
+        ids = [1] * PER_MESSAGE_OVERHEAD + filler + tail + [2] * GENERATION_PROMPT
+        return tuple(ids[:num_tokens]) if len(ids) > num_tokens else tuple(ids)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        if self._card is None:
+            raise EngineDied("the engine was never started")
+        if self._dead:
+            raise EngineDied(self._dead)
+        ids = request.prompt_token_ids or self.chat_prompt_ids(request.messages)
+        if len(ids) > self.config.max_model_len:
+            raise PromptTooLong(len(ids), self.config.max_model_len)
+        live = _Live(
+            request=request,
+            prompt_ids=tuple(ids),
+            queue=asyncio.Queue(),
+            submitted_at=self.clock.now(),
+            internal_id=f"{request.request_id}-{next(self._ids):04d}",
+        )
+        self._by_id[request.request_id] = live
+        self._waiting.append(live)
+        self._ensure_loop()
+        yield RequestAccepted(request.request_id, len(ids), live.submitted_at)
+        try:
+            while True:
+                item = await live.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, RequestFinished):
+                    return
+        finally:
+            if not live.aborted and request.request_id in self._by_id:
+                # The consumer walked away: treat it as an abort so blocks come back.
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        live = self._by_id.get(request_id)
+        if live is not None:
+            live.aborted = True
+            if self._wake:
+                self._wake.set()
+
+    def shutdown(self) -> None:
+        if self._task and not self._task.done():
+            self._task.cancel()
+        self._task = None
+
+    # -- the scheduler ---------------------------------------------------------------------
+    def _word_id(self, word: str) -> int:
+        return 1000 + sum(map(ord, word)) % 30000
+
+    def _text(self, index: int) -> str:
+        words = self.config.reply_words
+        w = words[index % len(words)]
+        return w if index == 0 else " " + w
+
+    def _ensure_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run())
+        assert self._wake is not None
+        self._wake.set()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._waiting and not self._running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._do_step()
+            await self.clock.sleep(self._last_duration)
+
+    def _alloc(self, live: _Live, num_tokens: int) -> bool:
+        need = math.ceil(num_tokens / self.config.block_size) - len(live.blocks)
+        if need > len(self._free):
+            return False
+        for _ in range(max(0, need)):
+            live.blocks.append(self._free.pop(0))
+        return True
+
+    def _release(self, live: _Live) -> None:
+        self._free.extend(live.blocks)
+        self._free.sort()
+        live.blocks.clear()
+        live.computed = 0
+
+    def _finish(self, live: _Live, reason: str) -> None:
+        self._release(live)
+        self._by_id.pop(live.request.request_id, None)
+        times = live.token_times
+        itl = tuple(b - a for a, b in itertools.pairwise(times))
+        end = times[-1] if times else self.clock.now()
+        live.queue.put_nowait(
+            RequestFinished(
+                request_id=live.request.request_id,
+                reason=reason,
+                prompt_tokens=len(live.prompt_ids),
+                output_tokens=len(live.output),
+                ttft_s=(times[0] - live.submitted_at) if times else None,
+                itl_s=itl,
+                e2e_s=end - live.submitted_at,
+                preemptions=live.preemptions,
+            )
+        )
+
+    def _do_step(self) -> None:
+        c = self.config
+        self._step += 1
+        started = self.clock.now()
+        if c.die_at_step is not None and self._step >= c.die_at_step:
+            self._dead = f"scripted failure at step {self._step}"
+            for live in self._waiting + self._running:
+                live.queue.put_nowait(EngineDied(self._dead))
+            self._waiting.clear()
+            self._running.clear()
+            self._by_id.clear()
+            self._last_duration = 0.0
+            return
+        for live in [x for x in self._waiting + self._running if x.aborted]:
+            (self._waiting if live in self._waiting else self._running).remove(live)
+            self._finish(live, "abort")
+
+        prefill = decode = 0
+        preempted: list[str] = []
+        # Decode first, as vLLM does: running requests keep their place.
+        for live in list(self._running):
+            if live not in self._running:
+                continue
+            while not self._alloc(live, live.computed + 1):
+                victim = self._running[-1]
+                self._running.remove(victim)
+                self._release(victim)
+                victim.preemptions += 1
+                victim.output.clear()
+                victim.token_times.clear()
+                preempted.append(victim.request.request_id)
+                self._waiting.insert(0, victim)
+                if victim is live:
+                    break
+            if live in self._running:
+                live.computed += 1
+                decode += 1
+        # Then admit waiting requests whose whole prompt fits.
+        for live in list(self._waiting):
+            n = len(live.prompt_ids) + len(live.output)
+            if not self._alloc(live, n):
+                break
+            self._waiting.remove(live)
+            self._running.append(live)
+            live.computed = n
+            prefill += n
+        context = sum(x.computed for x in self._running)
+        duration = (
+            (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0)
+            + (c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0)
+        )
+        end = started + duration
+        for live in list(self._running):
+            index = len(live.output)
+            stall = dict(c.stalls).get(index, 0.0)
+            t = end + stall
+            prev = live.token_times[-1] if live.token_times else live.submitted_at
+            token = 1000 + index
+            live.output.append(token)
+            live.token_times.append(t)
+            live.queue.put_nowait(
+                TokenEvent(
+                    request_id=live.request.request_id,
+                    index=index,
+                    token_ids=(token,),
+                    text=self._text(index),
+                    step=self._step,
+                    time_s=t,
+                    latency_s=t - prev,
+                )
+            )
+        sample = StepSample(
+            step=self._step,
+            started_at=started,
+            duration_s=duration,
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_usage=1 - len(self._free) / c.total_blocks,
+            free_blocks=len(self._free),
+            total_blocks=c.total_blocks,
+            block_size=c.block_size,
+            blocks=tuple(
+                RequestBlocks(x.request.request_id, tuple(x.blocks), x.computed)
+                for x in self._running
+            ),
+            preemptions=len(preempted),
+            preempted_ids=tuple(preempted),
+        )
+        self._last_duration = duration
+        for listener in list(self._listeners):
+            listener(sample)
+        for live in list(self._running):
+            sp = live.request.sampling
+            if len(live.output) >= sp.max_tokens:
+                self._running.remove(live)
+                self._finish(live, "length")
+            elif not sp.ignore_eos and len(live.output) >= len(c.reply_words):
+                self._running.remove(live)
+                self._finish(live, "stop")
+
+    _last_duration: float = 0.0

@@ -1,0 +1,1 @@
+"""kvscope's Textual app. Nothing here imports vLLM at module level."""
