@@ -1,0 +1,123 @@
+"""Engine options are vLLM's own flags; kvscope only changes defaults for the CPU.
+
+Parsing imports vLLM, so callers that only need `--help` for kvscope's own flags never
+come here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import BadOption, ModelNotFound
+
+MIB = 1024**2
+# Enough for one full 8,192-token request of the embedded model (23,040 B/token) plus
+# room for a few shorter ones; small enough to fill with the concurrency control.
+CPU_DEFAULT_KV_BYTES = 256 * MIB
+# On the CPU backend this fraction applies to one NUMA node's memory, and vLLM refuses
+# to start when the node cannot give it (0.92 fails on these 2-core machines).
+CPU_DEFAULT_MEMORY_UTILIZATION = 0.5
+
+
+@dataclass
+class EngineSettings:
+    """What VllmEngine needs: vLLM's EngineArgs plus where the model came from."""
+
+    engine_args: Any  # vllm.engine.arg_utils.EngineArgs
+    model_label: str
+    embedded: bool
+    on_gpu: bool
+
+
+def vllm_parser(prog: str = "kvscope") -> argparse.ArgumentParser:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog=prog, description="vLLM engine options")
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+def gpu_present() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or not _HF_ID.match(model)
+
+
+def check_model_reference(model: str) -> None:
+    """Fail fast, in plain words, on a model that cannot be found.
+
+    A Hugging Face ID is "owner/name"; anything else is taken as a local path.
+    """
+    expanded = os.path.expanduser(model)
+    if os.path.exists(expanded):
+        if os.path.isdir(expanded) and not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise ModelNotFound(model, "the folder has no config.json")
+        return
+    if _looks_like_path(model):
+        raise ModelNotFound(model, "no such file or folder")
+
+
+def build_engine_settings(
+    argv: Sequence[str], progress: Any = None, *, prepare: bool = True
+) -> EngineSettings:
+    """Turn vLLM flags into EngineArgs with kvscope's CPU defaults applied.
+
+    `progress(stage, fraction)` is told about the embedded model's one-time conversion.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    parser = vllm_parser()
+    try:
+        ns = parser.parse_args(list(argv))
+    except SystemExit as exc:  # argparse has already printed the reason
+        raise BadOption("engine flags", "see the message above") from exc
+    given = _given_dests(parser, argv)
+    embedded = "model" not in given
+    if embedded:
+        from engine.model_prep import EMBEDDED_MODEL_NAME, prepare_embedded_model
+
+        if prepare:
+            ns.model = str(prepare_embedded_model(progress))
+        label = EMBEDDED_MODEL_NAME
+    else:
+        check_model_reference(ns.model)
+        label = ns.model.rstrip("/").split("/")[-1] if os.path.exists(ns.model) else ns.model
+    on_gpu = gpu_present()
+    if not on_gpu:
+        if "enforce_eager" not in given:
+            ns.enforce_eager = True  # torch.compile warm-up costs ~2 min on 2 cores
+        if "kv_cache_memory_bytes" not in given and "num_gpu_blocks_override" not in given:
+            ns.kv_cache_memory_bytes = CPU_DEFAULT_KV_BYTES
+        if "gpu_memory_utilization" not in given:
+            ns.gpu_memory_utilization = CPU_DEFAULT_MEMORY_UTILIZATION
+    engine_args = EngineArgs.from_cli_args(ns)
+    return EngineSettings(engine_args, label, embedded, on_gpu)
+
+
+def _given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """Which options the user wrote, whatever their value (vLLM accepts - and _)."""
+    written = {a.split("=", 1)[0].replace("_", "-") for a in argv if a.startswith("-")}
+    dests = set()
+    for action in parser._actions:
+        for opt in action.option_strings:
+            base = opt.replace("_", "-")
+            if base in written or base.replace("--", "--no-", 1) in written:
+                dests.add(action.dest)
+    return dests

@@ -1,0 +1,112 @@
+"""The one module that reaches into vLLM's unversioned internals.
+
+Scheduler, KV-cache manager and block pool are not public API. Everything kvscope needs
+from them is read here, so a vLLM upgrade that moves them breaks this file alone, and
+tests/test_vllm_internals.py says so by name.
+
+Block IDs: vLLM's pool reserves physical block 0 as a "null block" that no request ever
+holds. kvscope reports the usable pool as blocks 0..N-1, i.e. vLLM's ID minus one, so a
+block map can draw exactly `total_blocks` cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.events import RequestBlocks
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledWork:
+    prefill_tokens: int
+    decode_tokens: int
+    preempted_internal_ids: tuple[str, ...]
+
+
+class EngineIntrospector:
+    """Read-only view of an in-process vLLM V1 `LLMEngine`'s scheduler state."""
+
+    def __init__(self, llm_engine: Any) -> None:
+        core_client = llm_engine.engine_core
+        core = getattr(core_client, "engine_core", None)
+        if core is None:
+            raise RuntimeError(
+                "vLLM's engine core is not in this process; kvscope needs "
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            )
+        self.scheduler = core.scheduler
+        self.kv_manager = self.scheduler.kv_cache_manager
+        self.block_pool = self.kv_manager.block_pool
+        self.vllm_config = llm_engine.vllm_config
+        self._last: ScheduledWork | None = None
+        self._wrap_schedule()
+
+    def _wrap_schedule(self) -> None:
+        # The scheduler output says what this step does (prefill vs decode, preemptions);
+        # LLMEngine.step() does not return it, so keep a copy as it passes.
+        original = self.scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            try:
+                self._last = self._summarize(out)
+            except Exception:  # never let bookkeeping break the engine
+                self._last = None
+            return out
+
+        self.scheduler.schedule = schedule
+
+    def _summarize(self, out: Any) -> ScheduledWork:
+        before: dict[str, int] = {}
+        for new in out.scheduled_new_reqs:
+            before[new.req_id] = new.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
+            before[rid] = n
+        prefill = decode = 0
+        for rid, scheduled in out.num_scheduled_tokens.items():
+            request = self.scheduler.requests.get(rid)
+            prompt = request.num_prompt_tokens if request is not None else 0
+            done = before.get(rid, 0)
+            in_prompt = max(0, min(scheduled, prompt - done))
+            prefill += in_prompt
+            decode += scheduled - in_prompt
+        preempted = tuple(sorted(out.preempted_req_ids or ()))
+        return ScheduledWork(prefill, decode, preempted)
+
+    def take_scheduled(self) -> ScheduledWork:
+        work, self._last = self._last, None
+        return work or ScheduledWork(0, 0, ())
+
+    @property
+    def block_size(self) -> int:
+        return int(self.vllm_config.cache_config.block_size)
+
+    @property
+    def total_blocks(self) -> int:
+        return int(self.block_pool.num_gpu_blocks) - 1  # minus the null block
+
+    def free_blocks(self) -> int:
+        return int(self.block_pool.get_num_free_blocks())
+
+    def usage(self) -> float:
+        return float(self.block_pool.get_usage())
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def num_waiting(self) -> int:
+        return int(self.scheduler.get_request_counts()[1])
+
+    def live_blocks(self, external_id: dict[str, str]) -> tuple[RequestBlocks, ...]:
+        """Block IDs of every running request, keyed by the caller's request IDs."""
+        result = []
+        for request in self.scheduler.running:
+            rid = request.request_id
+            groups = self.kv_manager.get_block_ids(rid)
+            ids = tuple(b - 1 for b in (groups[0] if groups else ()) if b > 0)
+            result.append(
+                RequestBlocks(external_id.get(rid, rid), ids, int(request.num_computed_tokens))
+            )
+        return tuple(result)
