@@ -85,7 +85,9 @@ def shipped_geometry(key: str) -> ModelGeometry:
     return ModelGeometry.from_hf_config(entry["config"], name=entry.get("hf_id", key))
 
 
-def load_geometry(name_or_path: str | os.PathLike[str], *, option: str = "--model") -> ModelGeometry:
+def load_geometry(
+    name_or_path: str | os.PathLike[str], *, option: str = "--model"
+) -> ModelGeometry:
     """A model's geometry: a shipped name (or alias, or its Hugging Face id, any case), or
     a local model folder or `config.json`.
 
@@ -287,7 +289,8 @@ def calibrate_cpu(seconds_budget: float = 3.0, *, write_cache: bool = True) -> H
 
     About half the budget goes to each measurement (imports and warm-ups come on top).
     Budgets under a second shrink the buffers so a quick run stays quick; the numbers
-    are then rougher.
+    are then rougher. Other busy processes lower both numbers (on a 2-core machine one
+    busy process halves the FLOP/s), so the load average is kept in the notes.
     """
     budget = max(0.0, seconds_budget)
     small = budget < 1.0
@@ -295,6 +298,10 @@ def calibrate_cpu(seconds_budget: float = 3.0, *, write_cache: bool = True) -> H
         budget / 2, nbytes=(64 if small else 256) * 1024**2
     )
     flops, mm_how = measure_matmul_flops(budget / 2, n=512 if small else 2048)
+    try:
+        load = f"load average {os.getloadavg()[0]:.2f} when measured"
+    except (AttributeError, OSError):  # no getloadavg on Windows
+        load = "load average unknown"
     memory = total_memory_bytes()
     cores = os.cpu_count() or 0
     profile = HardwareProfile(
@@ -304,8 +311,9 @@ def calibrate_cpu(seconds_budget: float = 3.0, *, write_cache: bool = True) -> H
         mem_bandwidth_bytes_s=bandwidth,
         memory_bytes=memory,
         notes=(
-            f"measured: bandwidth by {bw_how}; FLOP/s by {mm_how}; memory is total RAM "
-            "(vLLM's CPU backend budgets from one NUMA node's memory, which can be less)"
+            f"measured: bandwidth by {bw_how}; FLOP/s by {mm_how}; {load}; memory is "
+            "total RAM (vLLM's CPU backend budgets from one NUMA node's memory, which can "
+            "be less)"
         ),
         source=f"calibrate_cpu({seconds_budget:g} s) at {datetime.now(timezone.utc).isoformat()}",
     )

@@ -302,9 +302,7 @@ def ttft_floor_s(geom: ModelGeometry, hw: HardwareProfile, prompt_len: int) -> f
     (on an L4 with a 7B model, anything over ~500 tokens); for shorter prompts the time to
     stream the weights once is the real floor, so the larger of the two is returned.
     """
-    return max(
-        prefill_compute_s(geom, hw, prompt_len), prefill_memory_s(geom, hw, prompt_len)
-    )
+    return max(prefill_compute_s(geom, hw, prompt_len), prefill_memory_s(geom, hw, prompt_len))
 
 
 def ttft_bound(geom: ModelGeometry, hw: HardwareProfile, prompt_len: int) -> str:
@@ -413,9 +411,7 @@ def kv_pool_bytes(
 
     `activation_reserve_bytes=None` uses `default_activation_reserve_bytes(geom)`.
     """
-    return max(
-        0, _pool_bytes_signed(geom, hw, gpu_memory_utilization, activation_reserve_bytes)
-    )
+    return max(0, _pool_bytes_signed(geom, hw, gpu_memory_utilization, activation_reserve_bytes))
 
 
 def kv_pool_tokens(
@@ -465,9 +461,7 @@ def concurrent_requests(
     return pool // per_request
 
 
-def emulated_pool_tokens(
-    geom: ModelGeometry, hw: HardwareProfile, util: float = 0.9
-) -> int:
+def emulated_pool_tokens(geom: ModelGeometry, hw: HardwareProfile, util: float = 0.9) -> int:
     """The token capacity a local engine's pool should get to behave like `geom` on `hw`."""
     return kv_pool_tokens(geom, hw, util)
 

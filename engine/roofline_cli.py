@@ -120,13 +120,9 @@ def add_roofline_parser(subparsers: Any) -> None:
 
 def build_report(args: argparse.Namespace) -> RooflineReport:
     """Validate the parsed options and compute the report; raises KvscopeError."""
-    prompt_lens = parse_int_list(
-        getattr(args, "prompt_lens", DEFAULT_PROMPT_LENS), "--prompt-lens"
-    )
+    prompt_lens = parse_int_list(getattr(args, "prompt_lens", DEFAULT_PROMPT_LENS), "--prompt-lens")
     output_len = _int_option(getattr(args, "output_len", 128), "--output-len", minimum=1)
-    util = _float_option(
-        getattr(args, "gpu_memory_utilization", 0.9), "--gpu-memory-utilization"
-    )
+    util = _float_option(getattr(args, "gpu_memory_utilization", 0.9), "--gpu-memory-utilization")
     geom = load_geometry(getattr(args, "model", DEFAULT_MODEL), option="--model")
     hw = load_profile(
         getattr(args, "gpu", DEFAULT_GPU),

@@ -100,9 +100,10 @@ def map_start_error(exc: BaseException, *, model: str, max_model_len: int | None
         length = int(m.group(1))
         est = re.search(r"estimated maximum model length is (\d+)", text)
         needed = int(float(m.group(2)) * GIB)
-        if kv_bytes_per_token and block_size:
+        if kv_bytes_per_token:
             # vLLM rounds to 2 decimals of a GiB; our own geometry is exact.
-            needed = math.ceil(length / block_size) * block_size * kv_bytes_per_token
+            bs = block_size or 1
+            needed = math.ceil(length / bs) * bs * kv_bytes_per_token
         available = kv_cache_memory_bytes or int(float(m.group(3)) * GIB)
         return KvPoolTooSmall(needed, available, int(est.group(1)) if est else None, length)
     if "No available memory for the cache blocks" in text:
@@ -351,9 +352,9 @@ class VllmEngine:
                 rid, TokensPrompt(prompt_token_ids=list(live.prompt_ids)), params
             )
         except Exception as exc:
-            max_len = self._card.max_model_len if self._card else 0
-            if "maximum context length" in str(exc) or "max_model_len" in str(exc):
-                live.put(PromptTooLong(len(live.prompt_ids), max_len))
+            said = re.search(r"maximum context length is (\d+)", str(exc))
+            if said:
+                live.put(PromptTooLong(len(live.prompt_ids), int(said.group(1))))
             else:
                 live.put(EngineStartFailed(f"vLLM refused the request: {exc}"))
             self._live.pop(rid, None)
@@ -512,6 +513,11 @@ class VllmEngine:
     def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
         return build_synthetic_prompt(self._require_tokenizer(), num_tokens, suffix, seed,
                                       cache=self)
+
+    @property
+    def introspection(self) -> Any:
+        """The vLLM internals reader, for tests only."""
+        return self._introspector
 
     async def pool_state(self) -> tuple[int, int]:
         """(free blocks, total blocks), read on the step thread between steps."""

@@ -1,0 +1,155 @@
+"""What only the real engine can show: timing physics, start-up failures, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelNotFound, PromptTooLong
+from engine.events import GenerationRequest, RequestFinished, SamplingSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
+
+
+async def _ttft(engine, n: int, seed: int) -> float:
+    last = None
+    async for event in engine.stream(
+        GenerationRequest(
+            f"ttft-{n}-{seed}",
+            prompt_token_ids=engine.synthetic_prompt(n, seed=seed),
+            sampling=SamplingSettings(max_tokens=2, ignore_eos=True),
+        )
+    ):
+        last = event
+    assert isinstance(last, RequestFinished) and last.ttft_s is not None
+    return last.ttft_s
+
+
+async def test_ttft_grows_with_the_prompt(vllm_engine) -> None:
+    await _ttft(vllm_engine, 64, seed=100)  # warm-up: the first request of an engine is slow
+    short = min([await _ttft(vllm_engine, 64, seed=s) for s in (101, 102)])
+    long = min([await _ttft(vllm_engine, 2048, seed=s) for s in (103, 104)])
+    # Prefill of 32x the tokens: measured about 10-40x here; 3x leaves room for noise.
+    assert long > 3 * short, (short, long)
+
+
+async def test_vllm_refusal_maps_to_prompt_too_long(vllm_engine) -> None:
+    """Our own pre-check is lifted, so the refusal must come from vLLM's validation."""
+    card = vllm_engine.card
+    n = card.max_model_len + 10
+    ids = vllm_engine.synthetic_prompt(n)
+    vllm_engine._card = dataclasses.replace(card, max_model_len=n + 1)
+    try:
+        with pytest.raises(PromptTooLong) as info:
+            async for _ in vllm_engine.stream(
+                GenerationRequest("refused", prompt_token_ids=ids,
+                                  sampling=SamplingSettings(max_tokens=4))
+            ):
+                pass
+    finally:
+        vllm_engine._card = card
+    assert info.value.prompt_tokens == n
+    assert info.value.max_model_len == card.max_model_len  # read from vLLM's message
+
+
+def test_bad_model_path_is_model_not_found() -> None:
+    from engine.vllm_engine import VllmEngine
+
+    engine = VllmEngine(argv=["--model", "/nonexistent/kvscope-model"])
+    with pytest.raises(ModelNotFound) as info:
+        engine.start()
+    assert info.value.path_or_id == "/nonexistent/kvscope-model"
+    assert "/nonexistent/kvscope-model" in info.value.plain()
+
+
+def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
+    # A separate process: a failed start-up leaves vLLM state we do not want in the
+    # session that holds the shared engine.
+    script = (
+        "import json\n"
+        "from engine.errors import KvPoolTooSmall\n"
+        "from engine.vllm_engine import VllmEngine\n"
+        "e = VllmEngine(argv=['--max-model-len', '8192', '--kv-cache-memory-bytes', "
+        f"'{64 * 1024**2}'])\n"
+        "try:\n"
+        "    e.start()\n"
+        "    print('STARTED')\n"
+        "except KvPoolTooSmall as x:\n"
+        "    print('ERR' + json.dumps({'needed': x.needed_bytes, 'available': x.available_bytes,"
+        " 'est': x.estimated_max_len, 'len': x.max_model_len, 'plain': x.plain()}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith(("ERR", "STARTED"))), None)
+    assert line is not None, out.stderr[-3000:]
+    assert line.startswith("ERR"), line
+    data = json.loads(line[3:])
+    # 8,192 tokens x 23,040 bytes (SmolLM2 in bf16) = 188,743,680 bytes.
+    assert data["needed"] == 8192 * 23040
+    assert data["available"] == 64 * 1024**2
+    assert data["len"] == 8192
+    # 64 MiB holds about 2,900 tokens of KV; vLLM rounds to whole blocks.
+    assert 2000 < data["est"] < 64 * 1024**2 // 23040 + 1
+    assert "8,192" in data["plain"] and "67,108,864" in data["plain"]
+
+
+def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    out = subprocess.run(
+        [KVSCOPE, "generate", "--prompt-tokens", "96", "--max-tokens", "8", "--json",
+         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    for key in ("ttft_s", "itl_s", "output_tokens", "prompt_tokens", "model", "steps", "text"):
+        assert key in data
+    assert data["prompt_tokens"] == 96 and data["output_tokens"] == 8
+    assert len(data["itl_s"]) == 7
+    assert data["model"]["kv_bytes_per_token"] == 23040
+    assert data["model"]["max_model_len"] == 2048
+    assert sum(s["decode_tokens"] for s in data["steps"]) == 7
+    assert data["steps"][0]["prefill_tokens"] == 96
+    assert len(data["steps"]) == 8
+
+    bad = subprocess.run(
+        [KVSCOPE, "generate", "--prompt-tokens", "5000", "--max-tokens", "4",
+         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert bad.returncode == 1
+    assert "Traceback" not in bad.stderr
+    assert "kvscope: Prompt too long: 5,000 tokens" in bad.stderr
+    assert "2,048" in bad.stderr
+
+
+def test_bad_model_cli_is_one_plain_line() -> None:
+    out = subprocess.run(
+        [KVSCOPE, "generate", "--prompt", "hi", "--model", "./no/such/model"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "kvscope: Model not found: './no/such/model'" in out.stderr
+
+
+def test_vllm_internals_are_where_kvscope_expects(vllm_engine) -> None:
+    """If this fails after a vLLM upgrade, fix engine/vllm_internals.py and only it."""
+    intro = vllm_engine.introspection
+    assert intro.total_blocks == vllm_engine.card.total_blocks
+    assert intro.block_size == 128  # the CPU backend's block size
+    assert 0 <= intro.free_blocks() <= intro.total_blocks
+    assert hasattr(intro.scheduler, "requests") and hasattr(intro.scheduler, "running")
+    assert callable(intro.kv_manager.get_block_ids)
+    # 128 MiB / (23,040 B/token x 128 tokens/block) = 45 blocks, one of them vLLM's null block.
+    assert intro.total_blocks == math.floor(128 * 1024**2 / (23040 * 128)) - 1
