@@ -115,6 +115,7 @@ class EmulationInfo:
     pool_tokens: int
     kv_bytes_per_token: int
     scale: float = 1.0  # < 1 when this machine could only afford part of that pool
+    detail: str = ""  # both geometries, in words
 
     @property
     def label(self) -> str:

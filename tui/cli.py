@@ -72,6 +72,13 @@ def app_parser() -> argparse.ArgumentParser:
         default="qwen2.5-7b-instruct",
         help="the model whose KV pool on --emulate-gpu is emulated (qwen2.5-7b-instruct)",
     )
+    p.add_argument(
+        "--emulate-scale",
+        metavar="S",
+        type=float,
+        default=1.0,
+        help="emulate only this share (0-1] of that pool, when this machine cannot hold all of it",
+    )
     p.add_argument("--version", action="version", version="kvscope 0.1.0")
     return p
 
@@ -166,8 +173,12 @@ def _app(rest: list[str]) -> int:
     emulation = None
     if args.emulate_gpu:
         from engine.emulation import plan_emulation
+        from engine.options import gpu_present
 
-        plan = plan_emulation(args.emulate_gpu, args.emulate_model, engine_argv)
+        plan = plan_emulation(
+            args.emulate_gpu, args.emulate_model, engine_argv,
+            scale=args.emulate_scale, on_gpu=gpu_present(),
+        )
         engine_argv, emulation = plan.engine_argv, plan.info
     engine = VllmEngine(argv=engine_argv, emulation=emulation)
     try:

@@ -1,0 +1,70 @@
+"""GPU emulation sizes the real engine's pool to the roofline's token count."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.emulation import plan_emulation
+from engine.errors import BadOption
+from engine.hardware import load_geometry, load_profile
+from engine.roofline import emulated_pool_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_asks_for_the_predicted_pool() -> None:
+    plan = plan_emulation("l4", "qwen2.5-7b-instruct", [], memory_bytes=24 * 2**30)
+    predicted = emulated_pool_tokens(load_geometry("qwen2.5-7b-instruct"), load_profile("l4"))
+    assert 70_000 < predicted < 90_000
+    assert predicted - 128 < plan.info.pool_tokens <= predicted
+    # One extra block for vLLM's null block, at SmolLM2's 23,040 bytes per token.
+    assert plan.kv_cache_memory_bytes == (plan.pool_blocks + 1) * 128 * 23040
+    assert plan.engine_argv[-2:] == ["--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes)]
+    assert "57,344" in plan.info.detail and "23,040" in plan.info.detail
+    assert plan.info.label == "emulating L4 / Qwen2.5-7B-Instruct"
+
+
+def test_too_big_a_pool_offers_the_largest_scale_that_fits() -> None:
+    with pytest.raises(BadOption) as info:
+        plan_emulation("h200", "llama-3.1-8b", [], memory_bytes=24 * 2**30)
+    text = info.value.plain()
+    assert "--emulate-scale" in text
+    scale = float(text.rsplit("--emulate-scale ", 1)[1].split()[0])
+    assert 0 < scale < 1
+    plan = plan_emulation("h200", "llama-3.1-8b", [], scale=scale, memory_bytes=24 * 2**30)
+    assert plan.info.scale == scale
+    assert plan.kv_cache_memory_bytes <= 24 * 2**30 * 0.4
+
+
+def test_conflicting_pool_flag_is_refused() -> None:
+    with pytest.raises(BadOption):
+        plan_emulation("l4", "qwen2.5-7b-instruct", ["--kv-cache-memory-bytes", "1000"])
+
+
+def test_real_engine_pool_matches_the_emulated_gpu_within_one_block() -> None:
+    script = (
+        "import json\n"
+        "from engine.emulation import plan_emulation\n"
+        "from engine.vllm_engine import VllmEngine\n"
+        "plan = plan_emulation('l4', 'qwen2.5-7b-instruct', ['--max-model-len', '2048'])\n"
+        "e = VllmEngine(argv=plan.engine_argv, emulation=plan.info)\n"
+        "card = e.start()\n"
+        "print('CARD' + json.dumps({'pool': card.kv_pool_tokens, 'bs': card.block_size,"
+        " 'want': plan.info.pool_tokens, 'label': card.emulation.label}))\n"
+        "e.shutdown()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("CARD")), None)
+    assert line is not None, out.stderr[-3000:]
+    card = json.loads(line[4:])
+    assert abs(card["pool"] - card["want"]) <= card["bs"], card
+    assert card["label"].startswith("emulating L4")
