@@ -70,8 +70,9 @@ def plan_emulation(
     target = load_geometry(model, option="--emulate-model")
     local_model = _flag(engine_argv, "--model")
     local = load_geometry(local_model or EMBEDDED_GEOMETRY, option="--model")
-    block_size = int(_flag(engine_argv, "--block-size") or (
-        GPU_BLOCK_SIZE if on_gpu else CPU_BLOCK_SIZE))
+    block_size = int(
+        _flag(engine_argv, "--block-size") or (GPU_BLOCK_SIZE if on_gpu else CPU_BLOCK_SIZE)
+    )
 
     tokens = emulated_pool_tokens(target, hw)
     if tokens <= 0:

@@ -31,17 +31,90 @@ from engine.events import (
     TokenEvent,
 )
 
-REPLY = (
-    "The KV cache keeps the keys and values of every token seen so far , so each new "
-    "token reads them instead of recomputing the whole prompt . Prefill fills the cache in "
-    "one large step ; decode then adds one token per step , and each step reads the weights "
-    "once ."
-).split()
+REPLY = [
+    "The",
+    "KV",
+    "cache",
+    "keeps",
+    "the",
+    "keys",
+    "and",
+    "values",
+    "of",
+    "every",
+    "token",
+    "seen",
+    "so",
+    "far",
+    ",",
+    "so",
+    "each",
+    "new",
+    "token",
+    "reads",
+    "them",
+    "instead",
+    "of",
+    "recomputing",
+    "the",
+    "whole",
+    "prompt",
+    ".",
+    "Prefill",
+    "fills",
+    "the",
+    "cache",
+    "in",
+    "one",
+    "large",
+    "step",
+    ";",
+    "decode",
+    "then",
+    "adds",
+    "one",
+    "token",
+    "per",
+    "step",
+    ",",
+    "and",
+    "each",
+    "step",
+    "reads",
+    "the",
+    "weights",
+    "once",
+    ".",
+]
 
-FILLER = (
-    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
-    "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
-).split()
+FILLER = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+]
 
 # Chat template overhead, in tokens: the fake's stand-in for "<|im_start|>user\n ... <|im_end|>".
 PER_MESSAGE_OVERHEAD = 4
@@ -300,9 +373,8 @@ class FakeEngine:
             live.computed = n
             prefill += n
         context = sum(x.computed for x in self._running)
-        duration = (
-            (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0)
-            + (c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0)
+        duration = (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0) + (
+            c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0
         )
         end = started + duration
         for live in list(self._running):

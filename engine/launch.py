@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,8 +48,9 @@ def start_engine(
 
     if quiet:
         settings = build_engine_settings(engine_argv)
-        engine = VllmEngine(settings.engine_args, model_label=settings.model_label,
-                            emulation=emulation)
+        engine = VllmEngine(
+            settings.engine_args, model_label=settings.model_label, emulation=emulation
+        )
         engine.start()
         return engine
     with progress_bar("kvscope") as progress:
@@ -65,8 +65,9 @@ def start_engine(
         def on_engine(p: LoadProgress) -> None:
             progress.update(task, completed=0.3 + 0.7 * p.fraction, stage=p.stage)
 
-        engine = VllmEngine(settings.engine_args, model_label=settings.model_label,
-                            emulation=emulation)
+        engine = VllmEngine(
+            settings.engine_args, model_label=settings.model_label, emulation=emulation
+        )
         engine.start(on_engine)
     if not quiet and not sys.stderr.isatty():
         card = engine.card

@@ -117,9 +117,7 @@ def _convert(src: Path, out: Path, progress: Progress) -> None:
     progress("checking the result", 0.9)
 
 
-def prepare_embedded_model(
-    progress: Progress | None = None, *, force: bool = False
-) -> Path:
+def prepare_embedded_model(progress: Progress | None = None, *, force: bool = False) -> Path:
     """Return the converted model folder, converting it first if needed."""
     report: Progress = progress or (lambda _stage, _frac: None)
     target = embedded_model_dir()

@@ -10,6 +10,8 @@ loop asked for them via `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import math
 import os
@@ -64,10 +66,9 @@ class _Live:
     done: bool = False
 
     def put(self, item: EngineEvent | BaseException) -> None:
-        try:
+        # A RuntimeError means the consumer's loop is gone: nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:
-            pass  # the consumer's loop is gone; nobody is listening any more
 
 
 def route_vllm_logs(path: str | os.PathLike[str]) -> None:
@@ -83,9 +84,15 @@ def route_vllm_logs(path: str | os.PathLike[str]) -> None:
     log.propagate = False
 
 
-def map_start_error(exc: BaseException, *, model: str, max_model_len: int | None,
-                    kv_bytes_per_token: int | None, block_size: int | None,
-                    kv_cache_memory_bytes: int | None) -> KvscopeError:
+def map_start_error(
+    exc: BaseException,
+    *,
+    model: str,
+    max_model_len: int | None,
+    kv_bytes_per_token: int | None,
+    block_size: int | None,
+    kv_cache_memory_bytes: int | None,
+) -> KvscopeError:
     """Turn what vLLM raised at start-up into one of kvscope's typed errors."""
     if isinstance(exc, KvscopeError):
         return exc
@@ -111,10 +118,18 @@ def map_start_error(exc: BaseException, *, model: str, max_model_len: int | None
             (max_model_len or 0) * (kv_bytes_per_token or 0), 0, None, max_model_len
         )
     not_found = (
-        "not a valid model identifier", "does not appear to have", "Repository Not Found",
-        "RepositoryNotFoundError", "LocalEntryNotFoundError", "Invalid repository ID",
-        "No such file or directory", "is not a local folder", "Can't load the configuration",
-        "couldn't connect", "OfflineModeIsEnabled", "Cannot find any model",
+        "not a valid model identifier",
+        "does not appear to have",
+        "Repository Not Found",
+        "RepositoryNotFoundError",
+        "LocalEntryNotFoundError",
+        "Invalid repository ID",
+        "No such file or directory",
+        "is not a local folder",
+        "Can't load the configuration",
+        "couldn't connect",
+        "OfflineModeIsEnabled",
+        "Cannot find any model",
     )
     if any(s.lower() in text.lower() for s in not_found):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -303,24 +318,23 @@ class VllmEngine:
                 if engine.has_unfinished_requests():
                     self._one_step(engine)
         except BaseException as exc:  # the engine is unusable now; say why to everyone
-            self._dead = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+            lines = str(exc).strip().splitlines()
+            self._dead = f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
             logging.getLogger("vllm").exception("kvscope: engine step failed")
             for live in list(self._live.values()):
                 live.put(EngineDied(self._dead))
             self._live.clear()
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 engine.engine_core.shutdown()
-            except Exception:
-                pass
             del engine
             self._cleanup_distributed()
 
     def _drain(self, engine: Any, *, block: bool) -> None:
         while True:
             try:
-                kind, payload = self._commands.get(timeout=0.5) if block else (
-                    self._commands.get_nowait()
+                kind, payload = (
+                    self._commands.get(timeout=0.5) if block else (self._commands.get_nowait())
                 )
             except queue.Empty:
                 return
@@ -380,7 +394,7 @@ class VllmEngine:
                 prompt_tokens=len(live.prompt_ids),
                 output_tokens=live.output_tokens,
                 ttft_s=(times[0] - live.submitted_at) if times else None,
-                itl_s=tuple(b - a for a, b in zip(times, times[1:], strict=False)),
+                itl_s=tuple(b - a for a, b in itertools.pairwise(times)),
                 e2e_s=(times[-1] if times else now) - live.submitted_at,
                 preemptions=live.preemptions,
             )
@@ -511,8 +525,9 @@ class VllmEngine:
         return tuple(int(i) for i in out)
 
     def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
-        return build_synthetic_prompt(self._require_tokenizer(), num_tokens, suffix, seed,
-                                      cache=self)
+        return build_synthetic_prompt(
+            self._require_tokenizer(), num_tokens, suffix, seed, cache=self
+        )
 
     @property
     def introspection(self) -> Any:

@@ -60,7 +60,11 @@ def test_real_engine_pool_matches_the_emulated_gpu_within_one_block() -> None:
         "e.shutdown()\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith("CARD")), None)

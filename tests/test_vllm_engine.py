@@ -50,8 +50,9 @@ async def test_vllm_refusal_maps_to_prompt_too_long(vllm_engine) -> None:
     try:
         with pytest.raises(PromptTooLong) as info:
             async for _ in vllm_engine.stream(
-                GenerationRequest("refused", prompt_token_ids=ids,
-                                  sampling=SamplingSettings(max_tokens=4))
+                GenerationRequest(
+                    "refused", prompt_token_ids=ids, sampling=SamplingSettings(max_tokens=4)
+                )
             ):
                 pass
     finally:
@@ -87,7 +88,11 @@ def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
         " 'est': x.estimated_max_len, 'len': x.max_model_len, 'plain': x.plain()}))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
     )
     line = next((x for x in out.stdout.splitlines() if x.startswith(("ERR", "STARTED"))), None)
@@ -106,9 +111,24 @@ def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
 def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     out = subprocess.run(
-        [KVSCOPE, "generate", "--prompt-tokens", "96", "--max-tokens", "8", "--json",
-         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+        [
+            KVSCOPE,
+            "generate",
+            "--prompt-tokens",
+            "96",
+            "--max-tokens",
+            "8",
+            "--json",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory-bytes",
+            str(64 * 1024**2),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout)
@@ -123,9 +143,23 @@ def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
     assert len(data["steps"]) == 8
 
     bad = subprocess.run(
-        [KVSCOPE, "generate", "--prompt-tokens", "5000", "--max-tokens", "4",
-         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+        [
+            KVSCOPE,
+            "generate",
+            "--prompt-tokens",
+            "5000",
+            "--max-tokens",
+            "4",
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory-bytes",
+            str(64 * 1024**2),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert bad.returncode == 1
     assert "Traceback" not in bad.stderr
@@ -136,7 +170,10 @@ def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
 def test_bad_model_cli_is_one_plain_line() -> None:
     out = subprocess.run(
         [KVSCOPE, "generate", "--prompt", "hi", "--model", "./no/such/model"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 1
     assert "Traceback" not in out.stderr

@@ -65,7 +65,9 @@ def app_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="drive the UI with the built-in scripted engine (no vLLM; for demos and tests)",
     )
-    p.add_argument("--emulate-gpu", metavar="GPU", help="size the KV pool as on this GPU (l4, a100-80gb, ...)")
+    p.add_argument(
+        "--emulate-gpu", metavar="GPU", help="size the KV pool as on this GPU (l4, a100-80gb, ...)"
+    )
     p.add_argument(
         "--emulate-model",
         metavar="MODEL",
@@ -176,8 +178,11 @@ def _app(rest: list[str]) -> int:
         from engine.options import gpu_present
 
         plan = plan_emulation(
-            args.emulate_gpu, args.emulate_model, engine_argv,
-            scale=args.emulate_scale, on_gpu=gpu_present(),
+            args.emulate_gpu,
+            args.emulate_model,
+            engine_argv,
+            scale=args.emulate_scale,
+            on_gpu=gpu_present(),
         )
         engine_argv, emulation = plan.engine_argv, plan.info
     engine = VllmEngine(argv=engine_argv, emulation=emulation)

@@ -1,0 +1,290 @@
+"""The prompt-length sweep of the reference article, on any Engine.
+
+Each run sends `concurrency` requests of an exact-length synthetic prompt that ignore EOS,
+so every run generates the same number of tokens. Field names follow `vllm bench`
+(`mean_ttft_ms`, `median_itl_ms`, ...) so results can be read side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.errors import BadOption, KvscopeError
+from engine.events import GenerationRequest, RequestFinished, SamplingSettings
+from engine.protocol import Engine
+from engine.stats import summarize_ms
+
+# Predicted floors for a prompt length: (ttft_floor_s, itl_floor_s).
+FloorFn = Callable[[int], tuple[float, float]]
+
+CSV_FIELDS = (
+    "prompt_len",
+    "ok",
+    "error",
+    "completed",
+    "total_output_tokens",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+    "output_throughput",
+    "request_throughput",
+    "duration_s",
+    "ttft_floor_ms",
+    "itl_floor_ms",
+    "ttft_pct_of_floor",
+    "itl_pct_of_floor",
+)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    prompt_lens: tuple[int, ...] = (512, 1024, 2048, 4096)
+    output_len: int = 128
+    runs: int = 3
+    warmup: int = 1
+    concurrency: int = 1
+
+    def validate(self, max_model_len: int | None = None) -> None:
+        """Flags that cannot work at all; a length past the context wall is not one of
+        them: it is measured (and fails) like any other point."""
+        if not self.prompt_lens:
+            raise BadOption("--prompt-lens", "the list is empty")
+        bad = [n for n in self.prompt_lens if n <= 0]
+        if bad:
+            raise BadOption("--prompt-lens", f"{bad[0]} is not a positive length")
+        if self.output_len <= 0:
+            raise BadOption("--output-len", f"{self.output_len} is not a positive count")
+        if self.runs <= 0:
+            raise BadOption("--runs", f"{self.runs} is not a positive count")
+        if self.warmup < 0:
+            raise BadOption("--warmup", f"{self.warmup} is negative")
+        if self.concurrency <= 0:
+            raise BadOption("--concurrency", f"{self.concurrency} is not a positive count")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    prompt_len: int
+    ok: bool
+    error: str | None
+    metrics: dict[str, float]
+    requests: tuple[dict[str, Any], ...] = ()
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "prompt_len": self.prompt_len,
+            "ok": self.ok,
+            "error": self.error or "",
+            **self.metrics,
+        }
+
+
+@dataclass
+class SweepResult:
+    config: SweepConfig
+    points: list[SweepPoint] = field(default_factory=list)
+    model: dict[str, Any] | None = None
+    hardware: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "model": self.model,
+            "hardware": self.hardware,
+            "points": [{**p.row(), "requests": list(p.requests)} for p in self.points],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepResult:
+        data = json.loads(text)
+        cfg = data["config"]
+        config = SweepConfig(
+            prompt_lens=tuple(cfg["prompt_lens"]),
+            output_len=cfg["output_len"],
+            runs=cfg["runs"],
+            warmup=cfg["warmup"],
+            concurrency=cfg["concurrency"],
+        )
+        points = []
+        for p in data["points"]:
+            metrics = {
+                k: float(v)
+                for k, v in p.items()
+                if k not in ("prompt_len", "ok", "error", "requests")
+            }
+            points.append(
+                SweepPoint(
+                    p["prompt_len"],
+                    bool(p["ok"]),
+                    p["error"] or None,
+                    metrics,
+                    tuple(p.get("requests", ())),
+                )
+            )
+        return cls(config, points, data.get("model"), data.get("hardware"))
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for p in self.points:
+            writer.writerow(p.row())
+        return buf.getvalue()
+
+    @staticmethod
+    def rows_from_csv(text: str) -> list[dict[str, Any]]:
+        rows = []
+        for raw in csv.DictReader(io.StringIO(text)):
+            row: dict[str, Any] = {}
+            for k, v in raw.items():
+                if k == "prompt_len":
+                    row[k] = int(v)
+                elif k == "ok":
+                    row[k] = v == "True"
+                elif k == "error":
+                    row[k] = v or None
+                else:
+                    row[k] = float(v) if v != "" else None
+            rows.append(row)
+        return rows
+
+
+_ids = itertools.count()
+
+
+async def _one_request(engine: Engine, prompt_len: int, output_len: int) -> RequestFinished:
+    seed = next(_ids)
+    # A new seed per request: no two prompts share a prefix, so prefix caching cannot
+    # make a prefill look cheaper than it is.
+    request = GenerationRequest(
+        f"bench-{prompt_len}-{seed}",
+        prompt_token_ids=engine.synthetic_prompt(prompt_len, seed=1_000_003 * seed + prompt_len),
+        sampling=SamplingSettings(max_tokens=output_len, ignore_eos=True),
+    )
+    finished = None
+    async for event in engine.stream(request):
+        if isinstance(event, RequestFinished):
+            finished = event
+    assert finished is not None
+    return finished
+
+
+def summarize(
+    prompt_len: int, done: list[RequestFinished], duration_s: float, floors: FloorFn | None
+) -> SweepPoint:
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    itl = [x for r in done for x in r.itl_s]
+    tpot = [
+        (r.e2e_s - (r.ttft_s or 0.0)) / (r.output_tokens - 1) for r in done if r.output_tokens > 1
+    ]
+    e2el = [r.e2e_s for r in done]
+    total_out = sum(r.output_tokens for r in done)
+    metrics: dict[str, float] = {
+        "completed": float(len(done)),
+        "total_output_tokens": float(total_out),
+        **summarize_ms("ttft", ttft),
+        **summarize_ms("tpot", tpot),
+        **summarize_ms("itl", itl),
+        **summarize_ms("e2el", e2el),
+        "output_throughput": total_out / duration_s if duration_s > 0 else 0.0,
+        "request_throughput": len(done) / duration_s if duration_s > 0 else 0.0,
+        "duration_s": duration_s,
+    }
+    if floors is not None:
+        ttft_floor, itl_floor = floors(prompt_len)
+        metrics["ttft_floor_ms"] = ttft_floor * 1000
+        metrics["itl_floor_ms"] = itl_floor * 1000
+        # How close the measurement comes to the floor: 100 % would be the hardware's peak.
+        if metrics["mean_ttft_ms"] > 0:
+            metrics["ttft_pct_of_floor"] = 100 * metrics["ttft_floor_ms"] / metrics["mean_ttft_ms"]
+        if metrics["median_itl_ms"] > 0:
+            metrics["itl_pct_of_floor"] = 100 * metrics["itl_floor_ms"] / metrics["median_itl_ms"]
+    requests = tuple(
+        {
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "ttft_s": r.ttft_s,
+            "e2e_s": r.e2e_s,
+            "itl_s": list(r.itl_s),
+            "preemptions": r.preemptions,
+        }
+        for r in done
+    )
+    return SweepPoint(prompt_len, True, None, metrics, requests)
+
+
+async def run_sweep(
+    engine: Engine,
+    config: SweepConfig,
+    on_point: Callable[[SweepPoint], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    floors: FloorFn | None = None,
+) -> SweepResult:
+    """Measure every prompt length; a length that fails becomes a failed point."""
+    config.validate()
+    card = engine.card
+    result = SweepResult(config, model=asdict(card) if card else None)
+    total = config.warmup + len(config.prompt_lens) * config.runs
+    done_units = 0
+
+    def tick() -> None:
+        nonlocal done_units
+        done_units += 1
+        if on_progress:
+            on_progress(done_units, total)
+
+    if on_progress:
+        on_progress(0, total)
+    # Warm-up at the shortest length: the first requests of a fresh engine pay one-off costs.
+    warm_len = min(config.prompt_lens)
+    if card is not None:
+        warm_len = min(warm_len, card.max_model_len)
+    for _ in range(config.warmup):
+        await _one_request(engine, warm_len, min(config.output_len, 8))
+        tick()
+    for index, prompt_len in enumerate(config.prompt_lens):
+        finished: list[RequestFinished] = []
+        duration = 0.0
+        try:
+            for _ in range(config.runs):
+                start = time.perf_counter()
+                finished += await asyncio.gather(
+                    *(
+                        _one_request(engine, prompt_len, config.output_len)
+                        for _ in range(config.concurrency)
+                    )
+                )
+                duration += time.perf_counter() - start
+                tick()
+            point = summarize(prompt_len, finished, duration, floors)
+        except KvscopeError as exc:
+            point = SweepPoint(prompt_len, False, exc.plain(), {})
+            # Count the runs this length will not make, so progress stays truthful.
+            done_units = config.warmup + (index + 1) * config.runs - 1
+            tick()
+        result.points.append(point)
+        if on_point:
+            on_point(point)
+    if on_progress:
+        on_progress(total, total)
+    return result

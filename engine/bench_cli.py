@@ -1,0 +1,231 @@
+"""`kvscope bench`: the article's prompt-length sweep, headless, with roofline overlay."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.bench import FloorFn, SweepConfig, SweepResult, run_sweep
+from engine.errors import BadOption
+from engine.roofline_cli import parse_int_list
+
+EXIT_SOME_FAILED = 3
+
+
+def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "bench",
+        help="prompt-length sweep: TTFT, ITL, TPOT, E2EL per length",
+        description=(
+            "Measure TTFT, ITL, TPOT and end-to-end latency at each prompt length, like "
+            "`vllm bench latency` with exact-length synthetic prompts that ignore EOS. "
+            "Each measured point is shown next to its roofline floor for the hardware. "
+            "Any vLLM engine flag may follow."
+        ),
+        epilog=(
+            "examples:\n"
+            "  kvscope bench\n"
+            "  kvscope bench --prompt-lens 128,2048 --output-len 16 --runs 1 --json out.json\n"
+            "  kvscope bench --model Qwen/Qwen2.5-7B-Instruct --hardware l4   (on an L4)\n\n"
+            "exit status: 0 when every length was measured, 3 when some failed (they are\n"
+            "reported as failed points), 1 or 2 on errors before the sweep."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--prompt-lens",
+        default="512,1024,2048,4096",
+        metavar="N,N,...",
+        help="prompt lengths in tokens (512,1024,2048,4096)",
+    )
+    p.add_argument(
+        "--output-len", default="128", metavar="N", help="output tokens per request (128)"
+    )
+    p.add_argument("--runs", default="3", metavar="N", help="measured runs per length (3)")
+    p.add_argument(
+        "--warmup", default="1", metavar="N", help="warm-up requests before the sweep (1)"
+    )
+    p.add_argument(
+        "--concurrency", default="1", metavar="N", help="requests sent at once in each run (1)"
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="FILE",
+        help="write the results, with per-request detail, as JSON",
+    )
+    p.add_argument("--csv", dest="csv_path", metavar="FILE", help="write one row per length as CSV")
+    p.add_argument(
+        "--hardware",
+        metavar="KEY",
+        help="roofline profile for the floors: cpu (this machine, calibrated), l4, "
+        "a100-80gb, ... (default: cpu without a GPU; none with one)",
+    )
+    p.add_argument("--no-roofline", action="store_true", help="do not compute floors")
+    return p
+
+
+def _int(text: str, option: str, minimum: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise BadOption(option, f"{text!r} is not a whole number") from None
+    if value < minimum:
+        raise BadOption(option, f"{value} is below {minimum}")
+    return value
+
+
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    config = SweepConfig(
+        prompt_lens=tuple(parse_int_list(args.prompt_lens, "--prompt-lens")),
+        output_len=_int(args.output_len, "--output-len", 1),
+        runs=_int(args.runs, "--runs", 1),
+        warmup=_int(args.warmup, "--warmup", 0),
+        concurrency=_int(args.concurrency, "--concurrency", 1),
+    )
+    config.validate()
+    return config
+
+
+def make_floors(card_path: str, hardware: str, output_len: int) -> tuple[FloorFn, dict[str, Any]]:
+    from engine.hardware import load_geometry, load_profile
+    from engine.roofline import itl_floor_s, ttft_floor_s
+
+    geom = load_geometry(card_path)
+    hw = load_profile(hardware, option="--hardware")
+
+    def floors(prompt_len: int) -> tuple[float, float]:
+        # ITL floor at the middle of the output, where the median token sits.
+        return ttft_floor_s(geom, hw, prompt_len), itl_floor_s(
+            geom, hw, prompt_len + output_len // 2
+        )
+
+    return floors, {**hw.to_dict(), "model_geometry": geom.to_dict()}
+
+
+def render_summary(result: SweepResult, console: Console) -> None:
+    table = Table(
+        title=f"kvscope bench: {result.config.output_len} output tokens, "
+        f"{result.config.runs} run(s), concurrency {result.config.concurrency}"
+    )
+    for col in (
+        "prompt",
+        "mean TTFT ms",
+        "median TTFT",
+        "p99 TTFT",
+        "median ITL ms",
+        "p99 ITL",
+        "mean TPOT",
+        "E2EL ms",
+        "out tok/s",
+        "TTFT % floor",
+        "ITL % floor",
+    ):
+        table.add_column(col, justify="right")
+    for p in result.points:
+        if not p.ok:
+            reason = (p.error or "").split(":")[0]
+            table.add_row(f"{p.prompt_len:,}", "[red]failed[/]", f"[red]{reason}[/]", *[""] * 8)
+            continue
+        m = p.metrics
+
+        def f(key: str, fmt: str = "{:.1f}", m: dict[str, float] = m) -> str:
+            return fmt.format(m[key]) if key in m else "-"
+
+        table.add_row(
+            f"{p.prompt_len:,}",
+            f("mean_ttft_ms"),
+            f("median_ttft_ms"),
+            f("p99_ttft_ms"),
+            f("median_itl_ms"),
+            f("p99_itl_ms"),
+            f("mean_tpot_ms"),
+            f("mean_e2el_ms", "{:.0f}"),
+            f("output_throughput"),
+            f("ttft_pct_of_floor", "{:.0f}%"),
+            f("itl_pct_of_floor", "{:.0f}%"),
+        )
+    console.print(table)
+    ok = [p for p in result.points if p.ok]
+    if len(ok) >= 2:
+        first, last = ok[0], ok[-1]
+        ttft_ratio = last.metrics["mean_ttft_ms"] / max(first.metrics["mean_ttft_ms"], 1e-9)
+        itl_ratio = last.metrics["median_itl_ms"] / max(first.metrics["median_itl_ms"], 1e-9)
+        console.print(
+            f"prompt x{last.prompt_len / first.prompt_len:.0f}: TTFT x{ttft_ratio:.1f}, "
+            f"median ITL x{itl_ratio:.2f}  (prefill is compute-bound, decode memory-bound)"
+        )
+        console.file.write(charts(result, width=min(console.width, 100)) + "\n")
+
+
+def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
+    import plotext as plt
+
+    ok = [p for p in result.points if p.ok]
+    xs = [p.prompt_len for p in ok]
+    out = []
+    for key, floor_key, title in (
+        ("mean_ttft_ms", "ttft_floor_ms", "TTFT (ms) vs prompt length"),
+        ("median_itl_ms", "itl_floor_ms", "median ITL (ms) vs prompt length"),
+    ):
+        plt.clf()
+        plt.plotsize(width, height)
+        plt.theme("clear")
+        plt.plot(xs, [p.metrics[key] for p in ok], marker="braille", label="measured")
+        if all(floor_key in p.metrics for p in ok):
+            plt.plot(xs, [p.metrics[floor_key] for p in ok], marker="braille", label="floor")
+        plt.title(title)
+        plt.ylim(0, None)
+        out.append(plt.build())
+    # Plain text: the charts go to files and pipes as often as to terminals.
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
+
+
+def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
+    from engine.launch import progress_bar, start_engine
+    from engine.options import gpu_present
+
+    config = config_from_args(args)  # bad flags stop here, before a minute of engine start
+    engine = start_engine(engine_argv)
+    console = Console(stderr=True)
+    try:
+        card = engine.card
+        floors: FloorFn | None = None
+        hardware_info = None
+        hardware = args.hardware or (None if gpu_present() else "cpu")
+        if hardware and not args.no_roofline and card is not None:
+            try:
+                floors, hardware_info = make_floors(card.path, hardware, config.output_len)
+            except BadOption as exc:
+                console.print(f"kvscope: no roofline floors: {exc.plain()}")
+        with progress_bar("sweep") as progress:
+            task = progress.add_task("sweep", total=1, stage="")
+
+            def on_progress(done: int, total: int) -> None:
+                progress.update(task, total=total, completed=done, stage=f"{done}/{total} runs")
+
+            result = asyncio.run(run_sweep(engine, config, on_progress=on_progress, floors=floors))
+        result.hardware = hardware_info
+    finally:
+        engine.shutdown()
+    if args.json_path:
+        Path(args.json_path).write_text(result.to_json())
+    if args.csv_path:
+        Path(args.csv_path).write_text(result.to_csv())
+    render_summary(result, Console(file=sys.stdout, width=120))
+    failed = [p for p in result.points if not p.ok]
+    if failed:
+        print(
+            f"kvscope: {len(failed)} of {len(result.points)} lengths failed: "
+            + "; ".join(f"{p.prompt_len}: {p.error}" for p in failed),
+            file=sys.stderr,
+        )
+        return EXIT_SOME_FAILED
+    return 0
