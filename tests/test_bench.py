@@ -1,0 +1,144 @@
+"""The sweep: real numbers on the CPU engine, file formats, and bad flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.bench import SweepConfig, SweepResult, run_sweep
+from engine.errors import BadOption
+from engine.fake import FakeConfig, FakeEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
+FIELDS = [
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "p99")
+] + ["output_throughput", "request_throughput", "completed", "total_output_tokens"]
+
+
+async def test_small_sweep_on_the_real_engine(vllm_engine) -> None:
+    progress: list[tuple[int, int]] = []
+    floors_asked: list[int] = []
+
+    def floors(n: int) -> tuple[float, float]:
+        floors_asked.append(n)
+        return 0.001 * n / 128, 0.01
+
+    result = await run_sweep(
+        vllm_engine,
+        SweepConfig(prompt_lens=(128, 2048), output_len=16, runs=1, warmup=1),
+        on_progress=lambda done, total: progress.append((done, total)),
+        floors=floors,
+    )
+    data = json.loads(result.to_json())
+    assert [p["prompt_len"] for p in data["points"]] == [128, 2048]
+    for point in data["points"]:
+        assert point["ok"] is True
+        for key in FIELDS:
+            assert isinstance(point[key], float), key
+        assert point["total_output_tokens"] == 16
+        request = point["requests"][0]
+        assert request["prompt_tokens"] == point["prompt_len"]
+        assert len(request["itl_s"]) == 15
+        assert point["ttft_pct_of_floor"] > 0
+    short, long = data["points"]
+    assert long["mean_ttft_ms"] > short["mean_ttft_ms"]
+    assert progress[-1] == (3, 3)
+    assert floors_asked == [128, 2048]
+    assert data["model"]["kv_bytes_per_token"] == 23040
+
+
+async def test_a_length_past_the_wall_fails_alone() -> None:
+    engine = FakeEngine(FakeConfig(max_model_len=1024, total_blocks=256))
+    engine.start()
+    points = []
+    result = await run_sweep(
+        engine,
+        SweepConfig(prompt_lens=(64, 5000, 256), output_len=8, runs=2, warmup=1),
+        on_point=points.append,
+    )
+    assert [p.ok for p in result.points] == [True, False, True]
+    assert "5,000" in (result.points[1].error or "")
+    assert "1,024" in (result.points[1].error or "")
+    assert len(points) == 3
+    assert result.points[2].metrics["completed"] == 2
+
+
+def test_json_and_csv_round_trip() -> None:
+    import asyncio
+
+    engine = FakeEngine()
+    engine.start()
+    result = asyncio.run(
+        run_sweep(engine, SweepConfig(prompt_lens=(32, 5000), output_len=4, runs=1, warmup=0))
+    )
+    again = SweepResult.from_json(result.to_json())
+    assert again.config == result.config
+    assert [(p.prompt_len, p.ok, p.error) for p in again.points] == [
+        (p.prompt_len, p.ok, p.error) for p in result.points
+    ]
+    assert again.points[0].metrics == pytest.approx(result.points[0].metrics)
+    assert again.points[0].requests == result.points[0].requests
+    rows = SweepResult.rows_from_csv(result.to_csv())
+    assert [r["prompt_len"] for r in rows] == [32, 5000]
+    assert rows[0]["mean_ttft_ms"] == pytest.approx(result.points[0].metrics["mean_ttft_ms"])
+    assert rows[1]["ok"] is False and "Prompt too long" in rows[1]["error"]
+    assert rows[1]["mean_ttft_ms"] is None
+
+
+@pytest.mark.parametrize(
+    ("config", "option"),
+    [
+        (SweepConfig(prompt_lens=()), "--prompt-lens"),
+        (SweepConfig(prompt_lens=(512, -1)), "--prompt-lens"),
+        (SweepConfig(output_len=0), "--output-len"),
+        (SweepConfig(runs=0), "--runs"),
+        (SweepConfig(concurrency=0), "--concurrency"),
+    ],
+)
+def test_bad_configs_are_refused(config: SweepConfig, option: str) -> None:
+    with pytest.raises(BadOption) as info:
+        config.validate()
+    assert info.value.option == option
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--prompt-lens", ""], ["--prompt-lens", "512,-4"], ["--output-len", "-3"],
+     ["--runs", "many"]],
+)
+def test_bad_bench_flags_fail_in_one_line_before_the_engine_starts(flags: list[str]) -> None:
+    out = subprocess.run(
+        [KVSCOPE, "bench", *flags], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvscope: Bad value for --"), lines
+
+
+def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) -> None:
+    json_path, csv_path = tmp_path / "out.json", tmp_path / "out.csv"
+    out = subprocess.run(
+        [KVSCOPE, "bench", "--prompt-lens", "64,3000,128", "--output-len", "4", "--runs", "1",
+         "--warmup", "0", "--json", str(json_path), "--csv", str(csv_path),
+         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2),
+         "--no-roofline"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert "1 of 3 lengths failed: 3000: Prompt too long: 3,000 tokens" in out.stderr
+    data = json.loads(json_path.read_text())
+    assert [p["ok"] for p in data["points"]] == [True, False, True]
+    rows = SweepResult.rows_from_csv(csv_path.read_text())
+    assert [r["prompt_len"] for r in rows] == [64, 3000, 128]
+    assert "TTFT" in out.stdout and "median ITL" in out.stdout
