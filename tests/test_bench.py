@@ -111,8 +111,12 @@ def test_bad_configs_are_refused(config: SweepConfig, option: str) -> None:
 
 @pytest.mark.parametrize(
     "flags",
-    [["--prompt-lens", ""], ["--prompt-lens", "512,-4"], ["--output-len", "-3"],
-     ["--runs", "many"]],
+    [
+        ["--prompt-lens", ""],
+        ["--prompt-lens", "512,-4"],
+        ["--output-len", "-3"],
+        ["--runs", "many"],
+    ],
 )
 def test_bad_bench_flags_fail_in_one_line_before_the_engine_starts(flags: list[str]) -> None:
     out = subprocess.run(
@@ -127,11 +131,31 @@ def test_bad_bench_flags_fail_in_one_line_before_the_engine_starts(flags: list[s
 def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) -> None:
     json_path, csv_path = tmp_path / "out.json", tmp_path / "out.csv"
     out = subprocess.run(
-        [KVSCOPE, "bench", "--prompt-lens", "64,3000,128", "--output-len", "4", "--runs", "1",
-         "--warmup", "0", "--json", str(json_path), "--csv", str(csv_path),
-         "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2),
-         "--no-roofline"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            KVSCOPE,
+            "bench",
+            "--prompt-lens",
+            "64,3000,128",
+            "--output-len",
+            "4",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(json_path),
+            "--csv",
+            str(csv_path),
+            "--max-model-len",
+            "2048",
+            "--kv-cache-memory-bytes",
+            str(64 * 1024**2),
+            "--no-roofline",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
     )
     assert out.returncode == 3, out.stderr[-3000:]
