@@ -1,0 +1,75 @@
+"""An engine that dies tells every live request why, and can be started again in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import asyncio, json
+from engine.errors import EngineDied
+from engine.events import GenerationRequest, SamplingSettings, RequestFinished
+from engine.vllm_engine import VllmEngine
+
+ARGV = ['--max-model-len', '1024', '--kv-cache-memory-bytes', str(32 * 1024**2)]
+engine = VllmEngine(argv=ARGV)
+engine.start()
+report = {}
+
+async def one(rid, n=8):
+    last = None
+    ids = engine.synthetic_prompt(64)
+    sampling = SamplingSettings(max_tokens=n, ignore_eos=True)
+    async for ev in engine.stream(GenerationRequest(rid, prompt_token_ids=ids, sampling=sampling)):
+        last = ev
+    return last
+
+def boom(_engine):
+    def step():
+        raise RuntimeError('simulated device fault')
+    _engine.step = step
+
+async def main():
+    report['before'] = (await one('before')).output_tokens
+    engine._commands.put(('call', boom))
+    try:
+        await one('doomed')
+        report['doomed'] = 'finished?!'
+    except EngineDied as exc:
+        report['doomed'] = exc.plain()
+    try:
+        await one('after-death')
+        report['after'] = 'served?!'
+    except EngineDied as exc:
+        report['after'] = 'refused'
+
+asyncio.run(main())
+engine.start()   # restart in the same process
+report['restarted'] = asyncio.run(one('again')).output_tokens
+engine.shutdown()
+print('REPORT' + json.dumps(report))
+"""
+
+
+def test_engine_death_is_reported_and_a_restart_works() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
+    )
+    line = next((x for x in out.stdout.splitlines() if x.startswith("REPORT")), None)
+    assert line is not None, out.stderr[-3000:]
+    report = json.loads(line[6:])
+    assert report["before"] == 8
+    assert "simulated device fault" in report["doomed"]
+    assert report["doomed"].startswith("The engine stopped: RuntimeError")
+    assert report["after"] == "refused"
+    assert report["restarted"] == 8
