@@ -1,0 +1,141 @@
+"""How much does a fast token stream cost the UI? A headless run of the real app.
+
+The app runs headless (`App.run_test`: the compositor still lays out and renders every
+frame; only the write to a terminal is skipped) around a FakeEngine on a real clock, tuned
+to stream about 2,000 tokens/s: several concurrent copies of one long reply, a tiny decode
+step. While it streams, a probe coroutine sleeps 10 ms again and again and records how late
+it wakes up: that is the event-loop lag a user would feel as sluggish keys. Memory is the
+process RSS (and Python's own allocations, via tracemalloc's counters) at 5 s and at the end.
+
+    python benchmarks/ui_lag.py            # 20 s, 8 copies
+    python benchmarks/ui_lag.py --seconds 10 --copies 4
+
+Targets: p99 lag < 30 ms, memory flat (RSS growth from 5 s to the end < 20 MiB: ring
+buffers are bounded; what grows is only the transcript text itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.clock import RealClock  # noqa: E402
+from engine.fake import FakeConfig, FakeEngine  # noqa: E402
+from engine.stats import percentile  # noqa: E402
+from tui.app import KvscopeApp  # noqa: E402
+from tui.settings import AppSettings  # noqa: E402
+
+LAG_TARGET_MS = 30.0
+MEMORY_TARGET_MIB = 20.0
+PROBE_S = 0.010
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def reply_words(n: int) -> tuple[str, ...]:
+    # Real replies have paragraphs; a new one every 60 words keeps Markdown blocks small.
+    return tuple(f"w{i}" + ("\n\n" if i % 60 == 59 else "") for i in range(n))
+
+
+async def probe(lags_ms: list[float], stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        start = loop.time()
+        await asyncio.sleep(PROBE_S)
+        lags_ms.append((loop.time() - start - PROBE_S) * 1000.0)
+
+
+async def run(seconds: float, copies: int, step_s: float, manage_gc: bool = True) -> int:
+    tokens_per_request = int(seconds / step_s * 1.5) + 100  # outlasts the run
+    config = FakeConfig(
+        max_model_len=tokens_per_request + 256,
+        total_blocks=copies * (tokens_per_request + 256) // 16 + 64,
+        decode_step_s=step_s,
+        decode_s_per_context_token=0.0,
+        reply_words=reply_words(tokens_per_request),
+    )
+    engine = FakeEngine(config, clock=RealClock())
+    settings = AppSettings(folder=Path(tempfile.mkdtemp(prefix="kvscope-bench-")))
+    settings.cursor_blink = False
+    app = KvscopeApp(engine, settings)
+    app.manage_gc = manage_gc  # as run_tui does
+    lags: list[float] = []
+    stop = asyncio.Event()
+    async with app.run_test(size=(160, 48)) as pilot:
+        main = app.main_screen
+        while main.engine_state == "loading":
+            await pilot.pause(0.05)
+        main.controls.concurrency = copies
+        main.controls.query_one("#max-tokens").value = str(tokens_per_request)  # type: ignore[attr-defined]
+        await pilot.pause(0.2)
+        gc.collect()
+        probe_task = asyncio.create_task(probe(lags, stop))
+        t0 = time.perf_counter()
+        await main.send("Stream as fast as you can.", synthetic=False)
+        reply = main.current
+        assert reply is not None
+
+        def delivered() -> int:
+            return sum(c.received for c in reply.copies)
+
+        await asyncio.sleep(5.0 - (time.perf_counter() - t0))
+        rss_5, tokens_5, t_5 = rss_mib(), delivered(), time.perf_counter()
+        lag_5 = len(lags)
+        await asyncio.sleep(seconds - (time.perf_counter() - t0))
+        rss_end, tokens_end, t_end = rss_mib(), delivered(), time.perf_counter()
+        stop.set()
+        await probe_task
+        main.action_stop()
+        while main.busy:
+            await pilot.pause(0.05)
+        engine.shutdown()
+
+    steady = lags[lag_5:]
+    rate = (tokens_end - tokens_5) / (t_end - t_5)
+    p50, p99, worst = percentile(steady, 50), percentile(steady, 99), max(steady)
+    growth = rss_end - rss_5
+    gc_note = "heap frozen after start-up" if manage_gc else "GC untouched"
+    print(
+        f"kvscope UI lag benchmark: {copies} copies, decode step {step_s * 1000:.1f} ms, "
+        f"{seconds:.0f} s, {gc_note}"
+    )
+    print(f"  tokens delivered to the UI : {tokens_end:,} ({rate:,.0f} tokens/s from 5 s to the end)")
+    print(f"  event-loop lag (10 ms probe, {len(steady)} samples after 5 s):")
+    print(f"      p50 {p50:.2f} ms   p99 {p99:.2f} ms   max {worst:.2f} ms   (target p99 < {LAG_TARGET_MS:.0f} ms)")
+    print(f"  lag over the whole run     : p99 {percentile(lags, 99):.2f} ms, max {max(lags):.2f} ms")
+    print(f"  RSS at 5 s {rss_5:.1f} MiB, at {seconds:.0f} s {rss_end:.1f} MiB: growth {growth:+.1f} MiB"
+          f" (target < {MEMORY_TARGET_MIB:.0f} MiB)")
+    ok_lag = p99 < LAG_TARGET_MS
+    ok_mem = growth < MEMORY_TARGET_MIB
+    print(f"  lag: {'PASS' if ok_lag else 'FAIL'}   memory: {'PASS' if ok_mem else 'FAIL'}")
+    return 0 if ok_lag and ok_mem else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--copies", type=int, default=8)
+    parser.add_argument("--step-ms", type=float, default=4.0, help="fake decode step (ms)")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="leave the GC alone, to see what freezing buys"
+    )
+    args = parser.parse_args()
+    return asyncio.run(
+        run(args.seconds, args.copies, args.step_ms / 1000.0, manage_gc=not args.no_gc_freeze)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The sweep screen: runs engine.bench.run_sweep on the fake, plots and exports points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from textual.widgets import DataTable, Input
+from tui_helpers import engine_ready, make_app, tui_config_dir, wait_until
+
+from engine.bench import SweepConfig, SweepPoint, SweepResult
+from engine.events import ModelCard
+from tui.screens.sweep import SweepScreen, default_prompt_lens, parse_lens, sweep_figures
+from tui.widgets.plot import Plot
+
+__all__ = ["tui_config_dir"]
+
+
+async def test_sweep_runs_plots_and_exports(tmp_path: Path) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await engine_ready(pilot)
+        await pilot.press("f5")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        # The defaults fit the fake's walls (64-block pool, 2,048 context).
+        assert parse_lens(screen.query_one("#lens", Input).value) == (64, 128, 256, 512)
+        for field_id, value in (
+            ("lens", "64 256 4096"),  # 4,096 is past max_model_len: a failed point
+            ("output-len", "16"),
+            ("runs", "2"),
+            ("warmup", "1"),
+            ("concurrency", "2"),
+            ("export-path", str(tmp_path / "sweep")),
+        ):
+            screen.query_one(f"#{field_id}", Input).value = value
+        await pilot.press("f6")
+        await wait_until(pilot, lambda: len(screen.points) == 3 and not screen.running, 30)
+        await pilot.pause(0.3)
+        ok = [p for p in screen.points if p.ok]
+        assert [p.prompt_len for p in ok] == [64, 256]
+        assert ok[1].metrics["mean_ttft_ms"] > ok[0].metrics["mean_ttft_ms"]  # TTFT grows
+        failed = [p for p in screen.points if not p.ok]
+        assert failed and "Prompt too long" in (failed[0].error or "")
+        assert screen.query_one(DataTable).row_count == 3
+        assert screen.query_one("#sweep-ttft", Plot).has_drawing
+        assert screen.query_one("#sweep-itl", Plot).has_drawing
+        await pilot.press("f7", "f8")
+        await pilot.pause()
+        data = json.loads((tmp_path / "sweep.json").read_text())
+        assert [p["prompt_len"] for p in data["points"]] == [64, 256, 4096]
+        csv_text = (tmp_path / "sweep.csv").read_text()
+        assert csv_text.splitlines()[0].startswith("prompt_len,ok,error")
+        assert len(SweepResult.rows_from_csv(csv_text)) == 3
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, SweepScreen)
+
+
+async def test_sweep_screen_explains_bad_input_and_opens_from_the_palette() -> None:
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await engine_ready(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"sweep")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, SweepScreen))
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        screen.query_one("#runs", Input).value = "many"
+        await pilot.press("f6")
+        await pilot.pause()
+        assert "not a whole number" in str(screen.query_one("#sweep-status").render())
+        assert not screen.running
+        await pilot.press("f7")
+        await pilot.pause()
+        assert "run a sweep first" in str(screen.query_one("#sweep-status").render())
+
+
+def test_default_lengths_and_figures() -> None:
+    card = ModelCard("m", "m", "bf16", 1, 1, 1, 2, 8192, 16, 1024, "cpu")
+    assert default_prompt_lens(card, 128) == (512, 1024, 2048, 4096)
+    assert default_prompt_lens(None, 128) == SweepConfig().prompt_lens
+    points = [
+        SweepPoint(
+            512, True, None, {"mean_ttft_ms": 10.0, "median_itl_ms": 5.0, "p99_itl_ms": 6.0}
+        ),
+        SweepPoint(
+            1024, True, None, {"mean_ttft_ms": 20.0, "median_itl_ms": 5.1, "p99_itl_ms": 6.2}
+        ),
+        SweepPoint(9999, False, "too long", {}),
+    ]
+    ttft, itl = sweep_figures(points)
+    assert ttft is not None and ttft.series[0].ys == (10.0, 20.0)
+    assert itl is not None and len(itl.series) == 2

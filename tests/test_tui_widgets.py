@@ -1,0 +1,279 @@
+"""kvscope's widgets and pure helpers, each hosted alone in a tiny app with the real TCSS."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from tui_helpers import tui_config_dir
+
+from engine.events import EmulationInfo, ModelCard, RequestBlocks, StepSample
+from themes import all_themes
+from tui.figures import itl_figure, kv_figure, ttft_figure
+from tui.plotting import Figure, PlotJob, Series, build_plot, envelope
+from tui.settings import CONFIG_DIR_ENV, AppSettings, config_dir
+from tui.telemetry import Telemetry
+from tui.widgets import STYLESHEETS
+from tui.widgets.count_stepper import CountStepper
+from tui.widgets.kv_block_map import FREE, USED, KvBlockMap
+from tui.widgets.prompt_length_slider import (
+    KV_POOL_CONSEQUENCE,
+    MAX_MODEL_LEN_CONSEQUENCE,
+    PromptLengthSlider,
+    walls_for,
+)
+from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
+
+__all__ = ["tui_config_dir"]
+
+CARD = ModelCard(
+    name="fake",
+    path="fake",
+    dtype="bfloat16",
+    num_layers=30,
+    num_kv_heads=3,
+    head_dim=64,
+    kv_bytes_per_token=23040,
+    max_model_len=2048,
+    block_size=16,
+    total_blocks=64,
+    device="fake",
+)
+L4 = EmulationInfo(gpu="L4", model="qwen2.5-7b", pool_tokens=1536, kv_bytes_per_token=57344)
+
+
+class Host(App[None]):
+    """One widget in an app that loads kvscope's real stylesheets and theme."""
+
+    CSS_PATH: ClassVar[list[str | Path]] = list(STYLESHEETS)
+
+    def __init__(self, widget: object) -> None:
+        super().__init__()
+        self.widget = widget
+
+    def compose(self) -> ComposeResult:
+        yield self.widget  # type: ignore[misc]
+
+    def on_mount(self) -> None:
+        for theme in all_themes():
+            self.register_theme(theme)
+        self.theme = "kvscope-dark"
+
+
+# -- PromptLengthSlider -----------------------------------------------------------------------
+def test_walls_divide_the_pool_by_concurrency_and_mark_the_emulated_gpu() -> None:
+    card = dataclasses.replace(CARD, emulation=L4)
+    walls = {w.kind: w for w in walls_for(card, 1)}
+    assert walls["max_model_len"].tokens == 2048
+    assert walls["kv_pool"].tokens == 1024 and walls["kv_pool"].label == "KV pool"
+    assert walls["gpu"].tokens == 1536 and "L4" in walls["gpu"].label
+    walls4 = {w.kind: w for w in walls_for(card, 4)}
+    assert walls4["kv_pool"].tokens == 256 and walls4["kv_pool"].label == "KV pool ÷ 4"
+    assert walls4["gpu"].tokens == 384
+    assert [w.tokens for w in walls_for(card, 1)] == sorted(w.tokens for w in walls_for(card, 1))
+
+
+async def test_slider_keys_move_by_small_and_big_steps_and_walls_turn_it_red() -> None:
+    slider = PromptLengthSlider(value=512)
+    async with Host(slider).run_test(size=(60, 16)) as pilot:
+        slider.card = CARD
+        slider.focus()
+        await pilot.pause()
+        assert slider.small_step == 16 and slider.big_step == 160
+        assert slider.maximum == 2560
+        await pilot.press("right")
+        assert slider.value == 528
+        await pilot.press("left", "left")
+        assert slider.value == 496
+        await pilot.press("pageup")
+        assert slider.value == 640  # snapped to the big step's grid, then one big step
+        await pilot.press("shift+right", "shift+right", "shift+right")
+        assert slider.value == 1120 and slider.has_class("-past-wall")
+        text = str(slider.render())
+        assert KV_POOL_CONSEQUENCE in text and MAX_MODEL_LEN_CONSEQUENCE not in text
+        await pilot.press("end")
+        assert slider.value == 2560
+        assert MAX_MODEL_LEN_CONSEQUENCE in str(slider.render())
+        await pilot.press("home")
+        assert slider.value == 16 and not slider.has_class("-past-wall")
+        assert "fits under every wall" in str(slider.render())
+        slider.concurrency = 8  # 1,024 / 8 = 128 tokens per copy
+        slider.value = 200
+        await pilot.pause()
+        assert slider.has_class("-past-wall") and "KV pool ÷ 8 128" in str(slider.render())
+
+
+async def test_slider_shows_the_emulated_gpu_wall_with_its_name() -> None:
+    slider = PromptLengthSlider(value=1600)
+    async with Host(slider).run_test(size=(60, 16)) as pilot:
+        slider.card = dataclasses.replace(CARD, emulation=L4)
+        await pilot.pause()
+        text = str(slider.render())
+        assert "G L4 KV pool 1,536" in text
+        assert "past the L4 KV pool" in text
+        assert slider.walls_passed()[-1].kind == "gpu"
+
+
+async def test_slider_ruler_marks_walls_where_they_are() -> None:
+    slider = PromptLengthSlider(value=100)
+    async with Host(slider).run_test(size=(44, 16)) as pilot:
+        slider.card = CARD
+        await pilot.pause()
+        width = slider.content_size.width
+        lines = slider.render().plain.splitlines()
+        track, marks = lines[1], lines[2]
+        for wall in slider.walls():
+            x = round(wall.tokens / slider.maximum * (width - 1))
+            assert track[x] == "┃" and marks[x] == wall.marker
+
+
+# -- KvBlockMap -------------------------------------------------------------------------------
+def _sample(blocks: tuple[RequestBlocks, ...], total: int = 64) -> StepSample:
+    used = sum(len(b.block_ids) for b in blocks)
+    return StepSample(
+        step=1,
+        started_at=0.0,
+        duration_s=0.01,
+        prefill_tokens=0,
+        decode_tokens=len(blocks),
+        running=len(blocks),
+        waiting=0,
+        kv_usage=used / total,
+        free_blocks=total - used,
+        total_blocks=total,
+        block_size=16,
+        blocks=blocks,
+    )
+
+
+async def test_block_map_draws_one_character_per_block_with_a_legend() -> None:
+    block_map = KvBlockMap()
+    async with Host(block_map).run_test(size=(40, 12)) as pilot:
+        sample = _sample((RequestBlocks("a", (0, 1, 5), 40), RequestBlocks("b", (2, 3), 20)))
+        block_map.show_sample(sample)
+        await pilot.pause()
+        lines = block_map.render().plain.splitlines()
+        width = block_map.content_size.width
+        grid = "".join(lines[: -(-64 // width)])
+        assert grid[:6] == USED * 4 + FREE + USED and grid[6:] == FREE * 58
+        legend = "\n".join(lines[-(-64 // width) :])
+        assert "a 3 blk 40 tok" in legend and "b 2 blk 20 tok" in legend
+        assert "free 59/64" in legend
+        assert block_map.colour_index("a") == 0 and block_map.colour_index("b") == 1
+        # A finished request's blocks are shown free even before the next step says so.
+        block_map.show_sample(sample, finished=["a"])
+        assert block_map.owner_of(0) is None and block_map.owner_of(2) == "b"
+
+
+async def test_a_big_pool_is_drawn_with_several_blocks_per_character() -> None:
+    block_map = KvBlockMap()
+    block_map.max_rows = 2
+    async with Host(block_map).run_test(size=(20, 12)) as pilot:
+        sample = _sample((RequestBlocks("a", tuple(range(100)), 1600),), total=1000)
+        block_map.show_sample(sample)
+        await pilot.pause()
+        width = block_map.content_size.width
+        per = block_map.blocks_per_cell(width)
+        assert per == -(-1000 // (width * 2))
+        cells = block_map.cells(width)
+        assert len(cells) == -(-1000 // per)
+        assert cells[0].owner == "a" and cells[0].glyph == USED
+        assert cells[-1].owner is None and cells[-1].glyph == FREE
+        assert f"1 char = {per} blocks" in block_map.render().plain
+
+
+# -- TokenLatencyView ---------------------------------------------------------------------------
+async def test_latency_view_wraps_and_appends_without_rewrapping() -> None:
+    tokens: list[TimedToken] = []
+    view = TokenLatencyView(tokens)
+    async with Host(view).run_test(size=(20, 10)) as pilot:
+        for i in range(12):
+            tokens.append(TimedToken(("" if i == 0 else " ") + f"tok{i}", 0.02, i))
+            view.sync()
+            await pilot.pause()
+        text = "".join(seg.text for y in range(view.size.height) for seg in view.render_line(y))
+        assert all(f"tok{i}" in text for i in range(12))
+        assert view.size.height == len(view._lines) > 1
+        assert all(w <= view.size.width for w in view._line_width)
+
+
+# -- CountStepper -----------------------------------------------------------------------------
+async def test_count_stepper_steps_and_clamps() -> None:
+    stepper = CountStepper(1, maximum=4, unit="copy", units="copies")
+    async with Host(stepper).run_test(size=(30, 4)) as pilot:
+        stepper.focus()
+        await pilot.press("right", "right")
+        assert stepper.value == 3 and "copies" in str(stepper.render())
+        await pilot.press("end", "right")
+        assert stepper.value == 4
+        await pilot.press("home", "left")
+        assert stepper.value == 1 and str(stepper.render()).endswith("copy")
+
+
+# -- plotting and figures ---------------------------------------------------------------------
+def test_envelope_keeps_spikes() -> None:
+    xs = [float(i) for i in range(1000)]
+    ys = [1.0] * 1000
+    ys[567] = 50.0
+    ex, ey = envelope(xs, ys, 40)
+    assert len(ex) == 40 and max(ey) == 50.0 and 567.0 in ex
+
+
+def test_plot_builds_in_the_given_size_and_colours() -> None:
+    figure = Figure((Series((1.0, 2.0, 3.0), (1.0, 3.0, 2.0)),), xlabel="token")
+    job = PlotJob(("k",), figure, 40, 10, (("series", (255, 0, 0)), ("axes", (0, 255, 0))))
+    text = Text.from_ansi(build_plot(job))
+    lines = text.plain.splitlines()
+    assert len(lines) == 10 and max(len(line) for line in lines) <= 40
+    colours = {span.style.color.triplet for span in text.spans if span.style.color}  # type: ignore[union-attr]
+    assert any(c is not None and (c.red, c.green, c.blue) == (255, 0, 0) for c in colours)
+
+
+def test_figures_come_from_the_ring_buffers() -> None:
+    tel = Telemetry()
+    assert itl_figure(tel, 40) == (None, None) and ttft_figure(tel) is None
+    assert kv_figure(tel, 40) is None
+    tel.add_sample(_sample((RequestBlocks("a", (0,), 10),)))
+    figure = kv_figure(tel, 40)
+    assert figure is not None and figure.ylim == (0.0, 100.0)
+
+
+# -- settings ---------------------------------------------------------------------------------
+def test_settings_round_trip_in_the_config_dir(tui_config_dir: Path) -> None:
+    assert config_dir() == tui_config_dir
+    settings = AppSettings.load()
+    assert settings.theme == "kvscope-dark" and settings.problem is None
+    settings.theme = "phosphor"
+    path = settings.save()
+    assert path == tui_config_dir / "settings.json"
+    assert json.loads(path.read_text())["theme"] == "phosphor"
+    assert AppSettings.load().theme == "phosphor"
+
+
+def test_broken_settings_fall_back_to_defaults(tui_config_dir: Path) -> None:
+    tui_config_dir.mkdir(parents=True)
+    (tui_config_dir / "settings.json").write_text("{not json")
+    settings = AppSettings.load()
+    assert (
+        settings.theme == "kvscope-dark"
+        and settings.problem
+        and "not valid JSON" in settings.problem
+    )
+    (tui_config_dir / "settings.json").write_text(json.dumps({"theme": 3, "cursor_blink": False}))
+    settings = AppSettings.load()
+    assert settings.theme == "kvscope-dark" and settings.cursor_blink is False
+
+
+def test_config_dir_env_var_wins(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert config_dir() == tmp_path / "elsewhere"
+
+
+def test_themes_one_light_at_least_and_distinct_names() -> None:
+    themes = all_themes()
+    assert len(themes) >= 3 and len({t.name for t in themes}) == len(themes)
+    assert any(not t.dark for t in themes)

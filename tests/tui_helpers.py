@@ -1,0 +1,156 @@
+"""An app factory and small waiting helpers for kvscope's pilot tests and snapshots.
+
+`make_app` builds the real app around a FakeEngine on virtual time, with the settings in a
+temporary folder, the cursor not blinking and animations off, so that every run of a test
+sees the same screens. The real-engine pilot test can pass its own engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from engine.clock import Clock, VirtualClock
+from engine.events import EmulationInfo, ModelCard, ProgressCallback
+from engine.fake import FakeConfig, FakeEngine
+from engine.protocol import Engine
+from tui.app import KvscopeApp
+from tui.settings import CONFIG_DIR_ENV, AppSettings
+
+
+class HoldingClock(VirtualClock):
+    """Virtual time that stops the fake's scheduler after `hold_after` steps.
+
+    The fake sleeps on its clock after every step; here that sleep waits until `release()`
+    once the step count is reached. Replies are then mid-stream for as long as a test
+    needs, at an exact step, which neither a real clock nor a free-running virtual one gives.
+    """
+
+    def __init__(self, hold_after: int | None = None) -> None:
+        super().__init__()
+        self.steps = 0
+        self.hold_after = hold_after
+        self._gate: asyncio.Event | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self._gate is not None and not self._gate.is_set()
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds)
+        self.steps += 1
+        if self.hold_after is not None and self.steps >= self.hold_after:
+            self._gate = asyncio.Event()
+            await self._gate.wait()
+
+    def release(self) -> None:
+        """Let the scheduler run freely from now on."""
+        self.hold_after = None
+        if self._gate is not None:
+            self._gate.set()
+
+
+class EmulatingFakeEngine(FakeEngine):
+    """A FakeEngine whose card says its KV pool is sized as on a GPU (for the G wall)."""
+
+    def __init__(
+        self, emulation: EmulationInfo, config: FakeConfig | None = None, clock: Clock | None = None
+    ) -> None:
+        super().__init__(config, clock)
+        self.emulation = emulation
+
+    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
+        card = dataclasses.replace(super().start(progress), emulation=self.emulation)
+        self._card = card
+        return card
+
+
+def make_app(
+    fake_config: FakeConfig | None = None,
+    tmp_config_dir: Path | str | None = None,
+    *,
+    engine: Engine | None = None,
+    clock: Clock | None = None,
+    theme: str | None = None,
+) -> KvscopeApp:
+    """The app around `engine`, or around a FakeEngine(fake_config) on `clock`.
+
+    Settings are read from `tmp_config_dir` (or `$KVSCOPE_CONFIG_DIR`, which the tests'
+    autouse fixture points at a temporary folder), never from the user's real file.
+    """
+    folder = Path(tmp_config_dir) if tmp_config_dir is not None else None
+    if folder is None and not os.environ.get(CONFIG_DIR_ENV):
+        raise RuntimeError(f"tests must set {CONFIG_DIR_ENV} or pass tmp_config_dir")
+    settings = AppSettings.load(folder)
+    settings.cursor_blink = False
+    if theme is not None:
+        settings.theme = theme
+    if engine is None:
+        engine = FakeEngine(fake_config, clock=clock or VirtualClock())
+    app = KvscopeApp(engine, settings)
+    app.animation_level = "none"
+    return app
+
+
+@pytest.fixture(autouse=True)
+def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point kvscope's settings at a temporary folder for every test that imports this."""
+    folder = tmp_path / "kvscope-config"
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(folder))
+    yield folder
+
+
+async def wait_until(
+    pilot: Pilot[int], condition: Callable[[], bool], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Let the app run until `condition()` holds; fail the test after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await pilot.pause(0.01)
+
+
+async def engine_ready(pilot: Pilot[int], timeout: float = 30.0) -> None:
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    main = app.main_screen
+    await wait_until(pilot, lambda: main.engine_state != "loading", timeout, "the engine to start")
+    await settle(pilot)
+
+
+async def settle(pilot: Pilot[int]) -> None:
+    """Wait for the screen to take in everything and redraw it (plots included)."""
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    await pilot.pause()
+    await app.main_screen.redraw()
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+
+
+async def reply_done(pilot: Pilot[int], timeout: float = 10.0) -> None:
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    main = app.main_screen
+    await wait_until(pilot, lambda: not main.busy, timeout, "the reply to finish")
+    await app.workers.wait_for_complete()
+    await settle(pilot)
+
+
+async def send_chat(pilot: Pilot[int], text: str) -> None:
+    """Type `text` in the message box and press Enter, as a user would."""
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    app.main_screen.chat.input.focus()
+    await pilot.pause()
+    app.main_screen.chat.input.value = text
+    await pilot.press("enter")

@@ -1,0 +1,169 @@
+"""KvscopeApp: the Textual app, and `run_tui`, the CLI's way to run it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path, PurePath
+from typing import ClassVar
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.theme import Theme
+
+from engine.protocol import Engine
+from themes import all_themes
+from tui.plotting import PlotRenderer
+from tui.screens.help import HelpScreen
+from tui.screens.main import MainScreen
+from tui.settings import DEFAULT_THEME, AppSettings
+from tui.telemetry import Telemetry
+from tui.widgets import STYLESHEETS
+
+HERE = Path(__file__).parent
+
+
+class KvscopeApp(App[int]):
+    """kvscope's terminal UI around one engine.
+
+    Everything is injected: the engine (real or fake) and the settings. Nothing is built
+    at import time; the engine is started by the main screen, in a thread worker.
+
+    Args:
+        engine: What to drive; only its `Engine` protocol is used.
+        settings: Remembered choices; read from the user's config folder when None.
+        demo: Run the scripted demo (a chat turn, then two concurrent synthetic prompts)
+            once the engine is ready; `screenshot_path` then saves an SVG and exits.
+    """
+
+    TITLE = "kvscope"
+    # The main screen's stylesheet is listed here: Textual loads a screen's own CSS_PATH
+    # when it is pushed, but not for the app's default screen.
+    CSS_PATH: ClassVar[list[str | PurePath]] = [
+        HERE / "app.tcss",
+        *STYLESHEETS,
+        HERE / "screens" / "main.tcss",
+    ]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("f1,question_mark", "help", "Help"),
+        Binding("f5", "sweep", "Sweep"),
+    ]
+
+    def __init__(
+        self, engine: Engine, settings: AppSettings | None = None, *, demo: bool = False
+    ) -> None:
+        super().__init__()
+        self.engine = engine
+        self.settings = settings if settings is not None else AppSettings.load()
+        self.demo = demo
+        self.screenshot_path: str | None = None
+        self.telemetry = Telemetry()
+        self.renderer = PlotRenderer()
+        self._main = MainScreen(
+            engine, self.telemetry, self.renderer, cursor_blink=self.settings.cursor_blink
+        )
+
+    @property
+    def manage_gc(self) -> bool:
+        """Freeze the heap after start-up to keep GC pauses short (see tui/gc_pauses.py).
+
+        Process-wide, so off unless the app owns the process (run_tui turns it on).
+        """
+        return self._main.manage_gc
+
+    @manage_gc.setter
+    def manage_gc(self, on: bool) -> None:
+        self._main.manage_gc = on
+
+    @property
+    def main_screen(self) -> MainScreen:
+        return self._main
+
+    def get_default_screen(self) -> Screen[None]:
+        return self._main
+
+    def on_mount(self) -> None:
+        for theme in all_themes():
+            self.register_theme(theme)
+        wanted = self.settings.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            self.theme = DEFAULT_THEME
+            self.notify(
+                f"The saved theme {wanted!r} is not available; using {DEFAULT_THEME}.",
+                title="Theme",
+                severity="warning",
+            )
+        if self.settings.problem:
+            self.notify(self.settings.problem, title="Settings", severity="warning")
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        if self.demo:
+            from tui.demo import run_demo
+
+            self.run_worker(run_demo(self), group="demo", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        self.renderer.close()
+
+    def _remember_theme(self, theme: Theme) -> None:
+        if theme.name == self.settings.theme:
+            return
+        self.settings.theme = theme.name
+        try:
+            self.settings.save()
+        except OSError as exc:
+            self.notify(
+                f"Could not save the theme choice to {self.settings.path}: {exc.strerror or exc}",
+                severity="warning",
+            )
+
+    # -- actions and commands --------------------------------------------------------------
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_sweep(self) -> None:
+        from tui.screens.sweep import SweepScreen
+
+        if not isinstance(self.screen, SweepScreen):
+            self.push_screen(SweepScreen(self.engine, self.renderer))
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        main = self._main
+        yield SystemCommand("Help", "Keys and what each panel shows", self.action_help)
+        yield SystemCommand(
+            "Prompt-length sweep",
+            "Measure TTFT and ITL over prompt lengths; export JSON or CSV",
+            self.action_sweep,
+        )
+        yield SystemCommand("New chat", "Clear the transcript and history", main.action_new_chat)
+        yield SystemCommand(
+            "Latency colours", "Colour every token by its latency", main.action_toggle_latency
+        )
+        if main.engine_state in ("failed", "dead"):
+            yield SystemCommand(
+                "Restart engine", "Start the engine again", main.action_restart_engine
+            )
+
+
+def run_tui(
+    engine: Engine, *, screenshot: str | None = None, size: tuple[int, int] = (160, 48)
+) -> int:
+    """Run the app until the user quits; returns the process exit code.
+
+    With `screenshot`, run headless at `size` instead: start the engine, play the scripted
+    demo, save an SVG to that path and exit (1 if the engine did not start).
+    The engine is shut down on the way out either way.
+    """
+    app = KvscopeApp(engine, demo=screenshot is not None)
+    app.screenshot_path = screenshot
+    app.manage_gc = True
+    try:
+        result = app.run(headless=True, size=size) if screenshot is not None else app.run()
+    finally:
+        engine.shutdown()
+    if app.return_code not in (None, 0):
+        return app.return_code
+    return result or 0

@@ -1,0 +1,140 @@
+"""Plots as data, drawn with plotext 5.3.2.
+
+plotext keeps one global figure, so every draw takes `_PLOTEXT_LOCK` and starts with
+`clf()`. A draw is pure Python and costs a few milliseconds at panel sizes, because figures
+are cut down to about two points per column first (`envelope`).
+
+The draws run on the event loop, not in a thread. A plot thread was tried: it holds the
+GIL for whole draws, and every time the loop thread released the GIL (a lock, a select)
+it waited up to the 5 ms switch interval to get it back, which stretched frames to over
+100 ms under a fast token stream. Small draws on the loop, at most one per timer tick
+while streaming (see EnginePanel.redraw), keep the loop's lag to a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import plotext as plt
+
+RGB = tuple[int, int, int]
+Palette = tuple[tuple[str, RGB], ...]
+"""Colour roles ("series", "axes", "p99", ...) to RGB, taken from the theme by the widget."""
+
+_PLOTEXT_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Series:
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    role: str = "series"
+    kind: Literal["line", "scatter"] = "line"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A reference line: a percentile (horizontal) or a marked event (vertical)."""
+
+    at: float
+    role: str
+    vertical: bool = False
+
+
+@dataclass(frozen=True)
+class Figure:
+    series: tuple[Series, ...]
+    rules: tuple[Rule, ...] = ()
+    xlabel: str = ""
+    ylim: tuple[float, float] | None = None
+    xlim: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class PlotJob:
+    """One draw: a figure at a size in a palette. `key` says what it was drawn from."""
+
+    key: tuple[object, ...]
+    figure: Figure
+    width: int
+    height: int
+    palette: Palette
+
+
+def envelope(
+    xs: Sequence[float], ys: Sequence[float], buckets: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """At most `buckets` points, keeping the highest of each run of neighbours.
+
+    The maximum, not the mean, so that a single stalled token still shows as a spike
+    after thousands of tokens are squeezed into a few dozen columns.
+    """
+    n = len(xs)
+    if n <= buckets or buckets <= 0:
+        return tuple(xs), tuple(ys)
+    out_x: list[float] = []
+    out_y: list[float] = []
+    for b in range(buckets):
+        lo = b * n // buckets
+        hi = max(lo + 1, (b + 1) * n // buckets)
+        best = max(range(lo, hi), key=ys.__getitem__)
+        out_x.append(xs[best])
+        out_y.append(ys[best])
+    return tuple(out_x), tuple(out_y)
+
+
+def build_plot(job: PlotJob) -> str:
+    """Draw `job` with plotext and return its ANSI text (call from any thread)."""
+    colours = dict(job.palette)
+    axes = colours.get("axes", (128, 128, 128))
+    fig = job.figure
+    with _PLOTEXT_LOCK:
+        plt.clf()
+        plt.plotsize(max(job.width, 10), max(job.height, 4))
+        # "default" leaves the background alone, so the widget's theme background shows.
+        plt.canvas_color("default")
+        plt.axes_color("default")
+        plt.ticks_color(axes)
+        for s in fig.series:
+            if not s.xs:
+                continue
+            colour = colours.get(s.role, axes)
+            if s.kind == "scatter":
+                plt.scatter(list(s.xs), list(s.ys), color=colour, marker="•")
+            else:
+                plt.plot(list(s.xs), list(s.ys), color=colour, marker="braille")
+        for rule in fig.rules:
+            colour = colours.get(rule.role, axes)
+            if rule.vertical:
+                plt.vline(rule.at, colour)
+            else:
+                plt.hline(rule.at, colour)
+        if fig.ylim is not None:
+            plt.ylim(*fig.ylim)
+        if fig.xlim is not None:
+            plt.xlim(*fig.xlim)
+        if fig.xlabel:
+            plt.xlabel(fig.xlabel)
+        return str(plt.build())
+
+
+class PlotRenderer:
+    """Draws plot jobs; one place to change if drawing ever moves elsewhere."""
+
+    def __init__(self) -> None:
+        self.draws = 0  # how many plots were drawn: tests and the benchmark read it
+
+    async def draw(self, jobs: Sequence[PlotJob]) -> list[str]:
+        out: list[str] = []
+        for job in jobs:
+            out.append(build_plot(job))
+            self.draws += 1
+            await asyncio.sleep(0)  # let input and tokens through between two draws
+        return out
+
+    def close(self) -> None:
+        """Nothing to release (kept so that owners need not know how drawing works)."""

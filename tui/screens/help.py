@@ -1,0 +1,103 @@
+"""HelpScreen: every key binding, and what each panel shows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown, Static
+
+from tui.screens.main import MainScreen
+from tui.widgets.count_stepper import CountStepper
+from tui.widgets.prompt_length_slider import PromptLengthSlider
+
+PANELS_TEXT = """
+## The panels
+
+**Chat** (centre). Your conversation with the model. Each reply streams in token by token and
+ends with a footer: time to first token (TTFT), median and p99 inter-token latency (ITL),
+tokens per second, prompt and output tokens, and how it ended. With *latency colours* on,
+every token is coloured by its own latency (green ≤ 1.5× the reply's median ITL, yellow
+≤ 3×, red beyond; the first token, underlined, is the TTFT), so a stall shows where it
+happened.
+
+**Controls** (left). The model card: what was loaded and how big its KV cache is. Sampling
+settings. The *prompt-length slider* sends a synthetic prompt of exactly N tokens; its
+ruler marks the walls: **M** `max_model_len` (past it the engine refuses the prompt),
+**K** the KV pool divided by the concurrency (past it requests are preempted or queued),
+and **G** the emulated GPU's pool when one is emulated. *Concurrency* sends that many
+copies of each request at once, to fill the pool and provoke preemption.
+
+**Engine** (right). Live, from every engine step: running and waiting requests, prefill and
+decode tokens of the step, the *KV block map* (one character per physical block, coloured
+by the request that holds it; dim dots are free), KV usage over time with preemptions
+marked, ITL per token of the current reply with p50/p90/p99, and TTFT against prompt
+length for every reply of the session: TTFT grows with the prompt, ITL stays flat.
+
+Below 120 columns the panels become tabs: F2 Chat, F3 Engine, F4 Controls.
+"""
+
+EXTRA_KEYS: tuple[tuple[str, str], ...] = (
+    ("tab / shift+tab", "Move focus between controls"),
+    ("enter", "Send the message (in the message box)"),
+    ("ctrl+p", "Command palette: themes, sweep, help, …"),
+    ("ctrl+q", "Quit"),
+)
+
+
+def binding_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    for item in bindings:
+        if not isinstance(item, Binding):
+            continue
+        keys = " / ".join(k.strip() for k in item.key.split(","))
+        rows.append((keys.replace("question_mark", "?"), item.description or item.action))
+    return rows
+
+
+class HelpScreen(ModalScreen[None]):
+    """A scrollable sheet of keys and panel meanings; any of Esc, F1, ? or q closes it."""
+
+    CSS_PATH = "help.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,f1,question_mark,q", "dismiss", "Close help"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-dialog") as dialog:
+            dialog.border_title = "kvscope help"
+            dialog.border_subtitle = "Esc closes"
+            with VerticalScroll(id="help-body"):
+                yield Static(self._keys_table(), id="help-keys")
+                yield Markdown(PANELS_TEXT, id="help-panels")
+            yield Static("Esc, F1, ? or q closes this help", id="help-hint")
+
+    def key_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        return [
+            ("Anywhere", binding_rows(type(self.app).BINDINGS) + list(EXTRA_KEYS)),
+            ("Main screen", binding_rows(MainScreen.BINDINGS)),
+            ("Prompt-length slider (when focused)", binding_rows(PromptLengthSlider.BINDINGS)),
+            ("Concurrency (when focused)", binding_rows(CountStepper.BINDINGS)),
+        ]
+
+    def _keys_table(self) -> Group:
+        key_style = self.app.theme_variables.get("accent", "bold")
+        parts: list[Table | Text] = [Text("Keys", style="bold")]
+        for title, rows in self.key_sections():
+            table = Table(
+                title=title, title_justify="left", box=box.SIMPLE_HEAD, expand=True, padding=(0, 1)
+            )
+            table.add_column("key", style=key_style, no_wrap=True, ratio=1)
+            table.add_column("does", ratio=3)
+            for key, what in rows:
+                table.add_row(key, what)
+            parts.append(table)
+        return Group(*parts)

@@ -1,0 +1,389 @@
+"""MainScreen: the three panels, the engine's life cycle, and sending requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Tab, Tabs
+
+from engine.errors import EngineDied, EngineStartFailed, KvscopeError, PromptTooLong
+from engine.events import (
+    GenerationRequest,
+    LoadProgress,
+    ModelCard,
+    RequestAccepted,
+    RequestFinished,
+    StepSample,
+    TokenEvent,
+)
+from engine.protocol import Engine
+from tui import gc_pauses
+from tui.conversation import Conversation
+from tui.messages import EngineFailed, EngineProgressed, EngineReady, StepSampled
+from tui.plotting import PlotRenderer
+from tui.telemetry import Telemetry
+from tui.widgets.chat_pane import ChatPane
+from tui.widgets.controls_panel import ControlsPanel
+from tui.widgets.engine_panel import EnginePanel
+from tui.widgets.reply_block import ReplyBlock
+
+REDRAW_HZ = 15
+PANELS = ("chat", "engine", "controls")
+
+
+class MainScreen(Screen[None]):
+    """Controls | Chat | Engine side by side when wide; one at a time, under tabs, when not."""
+
+    # Styled by screens/main.tcss, which the app loads (see KvscopeApp.CSS_PATH).
+    # Textual declares this without ClassVar, so it is assigned unannotated here.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+l", "toggle_latency", "Latency colours"),
+        Binding("ctrl+r", "restart_engine", "Restart engine"),
+        Binding("f2", "show_panel('chat')", "Chat panel", show=False),
+        Binding("f3", "show_panel('engine')", "Engine panel", show=False),
+        Binding("f4", "show_panel('controls')", "Controls panel", show=False),
+    ]
+
+    engine_state: reactive[str] = reactive("loading")
+    """"loading", "ready", "failed" (start-up failed) or "dead" (stopped while running)."""
+    card: reactive[ModelCard | None] = reactive(None)
+    """The loaded model."""
+    busy: reactive[bool] = reactive(False)
+    """A reply (with all its copies) is streaming."""
+    latency_colours: reactive[bool] = reactive(False)
+    """Colour every token by its latency."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        telemetry: Telemetry,
+        renderer: PlotRenderer,
+        *,
+        cursor_blink: bool = True,
+        manage_gc: bool = False,
+    ) -> None:
+        super().__init__()
+        self.cursor_blink = cursor_blink
+        self.manage_gc = manage_gc
+        self.engine = engine
+        self.telemetry = telemetry
+        self.renderer = renderer
+        self.conversation = Conversation()
+        self.current: ReplyBlock | None = None
+        self._current_user_text = ""
+        self._current_synthetic = False
+        self._remove_listener: object = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Tabs(
+            Tab("Chat F2", id="tab-chat"),
+            Tab("Engine F3", id="tab-engine"),
+            Tab("Controls F4", id="tab-controls"),
+            id="panel-tabs",
+        )
+        with Horizontal(id="panels"):
+            yield ControlsPanel(id="controls", classes="panel").data_bind(
+                MainScreen.card, MainScreen.engine_state
+            )
+            yield ChatPane(id="chat", classes="panel -active").data_bind(
+                MainScreen.engine_state, MainScreen.busy, MainScreen.latency_colours
+            )
+            yield EnginePanel(self.telemetry, id="engine", classes="panel").data_bind(
+                MainScreen.engine_state, MainScreen.card
+            )
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for field in self.query(Input):
+            field.cursor_blink = self.cursor_blink
+        self.set_interval(1 / REDRAW_HZ, self._tick)
+        self.chat.input.focus()
+        card = self.engine.card
+        if card is not None:
+            # Already running (a test's shared engine, say): restarting would only cost time.
+            self.post_message(EngineReady(card))
+        else:
+            self.start_engine()
+
+    def on_unmount(self) -> None:
+        if callable(self._remove_listener):
+            self._remove_listener()
+
+    # -- parts -----------------------------------------------------------------------------
+    @property
+    def chat(self) -> ChatPane:
+        return self.query_one(ChatPane)
+
+    @property
+    def controls(self) -> ControlsPanel:
+        return self.query_one(ControlsPanel)
+
+    @property
+    def engine_panel(self) -> EnginePanel:
+        return self.query_one(EnginePanel)
+
+    # -- the engine's life cycle -----------------------------------------------------------
+    def start_engine(self) -> None:
+        self.engine_state = "loading"
+        self.chat.status.progress = None
+        self._start_engine()
+
+    @work(thread=True, group="engine", exclusive=True, exit_on_error=False)
+    def _start_engine(self) -> None:
+        # Runs in a thread: `start` blocks for as long as loading takes. From here the
+        # screen is only told things by message.
+        def progress(stage: LoadProgress) -> None:
+            self.post_message(EngineProgressed(stage))
+
+        try:
+            card = self.engine.start(progress)
+        except KvscopeError as exc:
+            self.post_message(EngineFailed(exc))
+        except Exception as exc:  # anything untyped still reaches the user in words
+            self.post_message(EngineFailed(EngineStartFailed(f"{type(exc).__name__}: {exc}")))
+        else:
+            self.post_message(EngineReady(card))
+
+    def _on_step(self, sample: StepSample) -> None:
+        # Called from the engine's step thread (or the loop, for the fake).
+        # A RuntimeError means the app's loop is already closed: nobody is watching.
+        with contextlib.suppress(RuntimeError):
+            self.post_message(StepSampled(sample))
+
+    def on_engine_progressed(self, message: EngineProgressed) -> None:
+        self.chat.status.progress = message.progress
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        if self._remove_listener is None:
+            self._remove_listener = self.engine.add_step_listener(self._on_step)
+        if self.manage_gc:
+            gc_pauses.collect_and_freeze()  # the UI is built: take it out of GC's sight
+        self.card = message.card
+        self.engine_state = "ready"
+        self.sub_title = message.card.name
+        self.refresh_bindings()
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.chat.status.error_text = message.error.plain()
+        self.engine_state = "failed"
+        self.sub_title = "engine not running"
+        self.refresh_bindings()
+
+    def on_step_sampled(self, message: StepSampled) -> None:
+        self.telemetry.add_sample(message.sample)
+
+    def _engine_died(self, error: KvscopeError) -> None:
+        if self.engine_state == "dead":
+            return
+        self.chat.status.error_text = error.plain()
+        self.engine_state = "dead"
+        self.sub_title = "engine stopped"
+        self.refresh_bindings()
+
+    # -- sending ---------------------------------------------------------------------------
+    @on(ChatPane.Submitted)
+    async def _chat_submitted(self, message: ChatPane.Submitted) -> None:
+        await self.send(message.text)
+
+    @on(ControlsPanel.SyntheticSendRequested)
+    async def _synthetic_requested(self) -> None:
+        await self.send(self.chat.input.value.strip(), synthetic=True)
+
+    async def send(self, text: str, *, synthetic: bool | None = None) -> bool:
+        """Send `text` (as chat, or after a synthetic prompt) with the controls' settings.
+
+        Returns False when nothing was sent (engine not ready, or a reply still streaming).
+        """
+        if self.engine_state != "ready":
+            why = {
+                "loading": "The engine is still loading; your message is kept.",
+                "failed": "The engine is not running: ctrl+r tries to start it again.",
+                "dead": "The engine stopped: ctrl+r restarts it.",
+            }[self.engine_state]
+            self.notify(why, severity="warning")
+            return False
+        if self.busy:
+            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            return False
+        controls = self.controls
+        synthetic = controls.synthetic if synthetic is None else synthetic
+        sampling = controls.sampling()
+        copies = controls.concurrency
+        turn = self.conversation.next_turn()
+        ids = [f"r{turn}"] + [f"r{turn}.{k}" for k in range(2, copies + 1)]
+        self.chat.input.value = ""
+        self.busy = True
+        self._current_user_text = text
+        self._current_synthetic = synthetic
+        times = f" × {copies} copies" if copies > 1 else ""
+        if synthetic:
+            n = controls.prompt_tokens
+            controls.show_error(None)
+            await self.chat.add_user_message(text, f"⟨synthetic prompt: {n:,} tokens{times}⟩")
+            title = f"assistant · {ids[0]} · {n:,}-token prompt{times}"
+        else:
+            await self.chat.add_user_message(text, f"⟨{copies} copies⟩" if copies > 1 else None)
+            title = f"assistant · {ids[0]}{times}"
+        reply = await self.chat.add_reply(title, ids)
+        self.current = reply
+        self.telemetry.track_request(ids[0])
+        self.refresh_bindings()
+        try:
+            if synthetic:
+                # Tokenising a long prompt can take a while on the real engine: not on the loop.
+                prompt = await asyncio.to_thread(
+                    self.engine.synthetic_prompt, controls.prompt_tokens, text
+                )
+                requests = [
+                    GenerationRequest(rid, prompt_token_ids=prompt, sampling=sampling)
+                    for rid in ids
+                ]
+            else:
+                messages = self.conversation.request_messages(text)
+                requests = [
+                    GenerationRequest(rid, messages=messages, sampling=sampling) for rid in ids
+                ]
+        except Exception as exc:
+            words = (
+                exc.plain()
+                if isinstance(exc, KvscopeError)
+                else f"could not build the prompt: {exc}"
+            )
+            for copy in range(copies):
+                await reply.fail(copy, words)
+            if isinstance(exc, KvscopeError):
+                await self._request_failed(exc)
+            self._reply_over(reply)
+            return True
+        for copy, request in enumerate(requests):
+            self.run_worker(
+                self._stream(reply, copy, request), group="requests", exit_on_error=False
+            )
+        return True
+
+    async def _stream(self, reply: ReplyBlock, copy: int, request: GenerationRequest) -> None:
+        """Feed one request's events to its reply (a worker on the app's loop)."""
+        try:
+            async for event in self.engine.stream(request):
+                if isinstance(event, TokenEvent):
+                    self.telemetry.add_token(event)
+                    await reply.add_token(copy, event)
+                elif isinstance(event, RequestAccepted):
+                    reply.accepted(copy)
+                elif isinstance(event, RequestFinished):
+                    self.telemetry.add_finished(event)
+                    await reply.finish(copy, event)
+            if not reply.copies[copy].done:
+                await reply.fail(copy, "the engine ended the stream without finishing it")
+        except KvscopeError as exc:
+            await reply.fail(copy, exc.plain())
+            if copy == 0 or isinstance(exc, EngineDied):
+                await self._request_failed(exc)
+        except asyncio.CancelledError:
+            # A new chat or the app closing: the reply is being thrown away with it.
+            raise
+        except Exception as exc:  # an engine bug must not take the transcript with it
+            await reply.fail(copy, f"unexpected engine error: {type(exc).__name__}: {exc}")
+        finally:
+            if reply.done:
+                self._reply_over(reply)
+
+    async def _request_failed(self, error: KvscopeError) -> None:
+        if isinstance(error, PromptTooLong) and self._current_synthetic:
+            self.controls.show_error(error.plain())
+        if isinstance(error, EngineDied):
+            self._engine_died(error)
+
+    def _reply_over(self, reply: ReplyBlock) -> None:
+        if reply is not self.current or not self.busy:
+            return
+        summary = reply.summary()
+        if not self._current_synthetic and not summary.failed and summary.text:
+            self.conversation.record(self._current_user_text, summary.text)
+        if self.manage_gc:
+            # One full collection per reply, now that nothing streams, frees the cycles
+            # that were frozen while it did.
+            gc_pauses.collect_and_freeze()
+        self.busy = False
+        self.refresh_bindings()
+
+    # -- redraw ----------------------------------------------------------------------------
+    async def _tick(self) -> None:
+        await self.redraw(wait=False)
+
+    async def redraw(self, *, wait: bool = True) -> None:
+        """Bring the live parts up to date from the buffers (the timer does it ~15 Hz).
+
+        With `wait`, a draw already in progress is waited for and followed by a fresh one,
+        so that afterwards the screen shows everything received so far (tests, the demo).
+        """
+        # One batch: the reply, the block map and the plots change in the same frame,
+        # rather than each costing a frame (a full-screen composite) of its own.
+        with self.app.batch_update():
+            if self.current is not None:
+                await self.current.tick()
+            await self.engine_panel.redraw(self.renderer, wait=wait)
+
+    # -- actions ---------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return self.busy
+        if action == "restart_engine":
+            return self.engine_state in ("failed", "dead")
+        return True
+
+    def action_stop(self) -> None:
+        """Abort every copy of the running reply; each stream then ends with "abort"."""
+        if self.current is None:
+            return
+        for request_id in self.current.running_ids:
+            self.engine.abort(request_id)
+
+    async def action_new_chat(self) -> None:
+        # Cancelling the workers makes each stream abort its request, so blocks come back.
+        self.workers.cancel_group(self, "requests")
+        self.current = None
+        self.busy = False
+        self.conversation.clear()
+        await self.chat.clear()
+        if self.manage_gc:
+            gc_pauses.collect_and_freeze()  # the old transcript's cycles are garbage now
+        self.chat.input.focus()
+        self.refresh_bindings()
+
+    def action_toggle_latency(self) -> None:
+        self.latency_colours = not self.latency_colours
+
+    def action_restart_engine(self) -> None:
+        if self.engine_state in ("failed", "dead"):
+            self.start_engine()
+            self.refresh_bindings()
+
+    def action_show_panel(self, panel: str) -> None:
+        if self.has_class("-narrow"):
+            self.query_one(Tabs).active = f"tab-{panel}"
+        if panel == "chat":
+            self.chat.input.focus()
+        elif panel == "controls":
+            self.controls.slider.focus()
+
+    @on(Tabs.TabActivated, "#panel-tabs")
+    def _tab_activated(self, event: Tabs.TabActivated) -> None:
+        chosen = (event.tab.id or "tab-chat").removeprefix("tab-")
+        for name in PANELS:
+            self.query_one(f"#{name}").set_class(name == chosen, "-active")
+
+    def watch_busy(self) -> None:
+        self.refresh_bindings()

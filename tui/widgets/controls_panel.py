@@ -1,0 +1,148 @@
+"""ControlsPanel: the model card, sampling, the prompt-length slider and concurrency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Button, Input, Label, Static, Switch
+
+from engine.events import ModelCard, SamplingSettings
+from tui.widgets.count_stepper import CountStepper
+from tui.widgets.model_card import ModelCardView
+from tui.widgets.prompt_length_slider import PromptLengthSlider
+
+DEFAULT_MAX_TOKENS = 128
+MAX_CONCURRENCY = 16
+
+
+class ControlsPanel(VerticalScroll):
+    """Everything that shapes the next request. It only reports; the screen sends."""
+
+    card: reactive[ModelCard | None] = reactive(None)
+    """The loaded model, or None while loading."""
+    engine_state: reactive[str] = reactive("loading")
+    """Bound from the screen, passed to the model card."""
+
+    @dataclass
+    class SyntheticSendRequested(Message):
+        """The user asked to send the synthetic prompt now (the Send button)."""
+
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._touched_slider = False
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="model-box", classes="box") as box:
+            box.border_title = "Model"
+            yield ModelCardView().data_bind(ControlsPanel.card, ControlsPanel.engine_state)
+        with Vertical(id="sampling-box", classes="box") as box:
+            box.border_title = "Sampling"
+            with Horizontal(classes="field"):
+                yield Label("max tokens", classes="field-label")
+                yield Input(str(DEFAULT_MAX_TOKENS), type="integer", id="max-tokens")
+            with Horizontal(classes="field"):
+                yield Label("temperature", classes="field-label")
+                yield Input("0.0", type="number", id="temperature")
+        with Vertical(id="prompt-box", classes="box") as box:
+            box.border_title = "Prompt length"
+            with Horizontal(classes="field"):
+                yield Switch(False, id="synthetic-switch")
+                yield Label("send a synthetic prompt of exactly N tokens", classes="switch-label")
+            yield PromptLengthSlider(id="slider")
+            yield Static("", id="slider-error")
+        with Vertical(id="concurrency-box", classes="box") as box:
+            box.border_title = "Concurrency"
+            with Horizontal(classes="field"):
+                yield CountStepper(
+                    1, maximum=MAX_CONCURRENCY, unit="copy", units="copies", id="concurrency"
+                )
+            yield Static(
+                "copies of each request sent at once, each its own request: they share the "
+                "KV pool, fill it, and provoke preemption",
+                classes="hint",
+            )
+        yield Button("Send synthetic prompt", id="send-synthetic", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#slider-error", Static).display = False
+
+    # -- what the screen reads -------------------------------------------------------------
+    @property
+    def slider(self) -> PromptLengthSlider:
+        return self.query_one(PromptLengthSlider)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.query_one("#synthetic-switch", Switch).value
+
+    @synthetic.setter
+    def synthetic(self, on: bool) -> None:
+        self.query_one("#synthetic-switch", Switch).value = on
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.slider.value
+
+    @property
+    def concurrency(self) -> int:
+        return self.query_one(CountStepper).value
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self.query_one(CountStepper).value = value
+
+    def sampling(self) -> SamplingSettings:
+        """The sampling settings typed in, with bad or empty fields at their defaults."""
+        max_tokens = int(_parse(self.query_one("#max-tokens", Input).value, DEFAULT_MAX_TOKENS))
+        temperature = _parse(self.query_one("#temperature", Input).value, 0.0)
+        limit = self.card.max_model_len if self.card else 1_000_000
+        return SamplingSettings(
+            max_tokens=max(1, min(max_tokens, limit)),
+            temperature=max(0.0, min(temperature, 2.0)),
+        )
+
+    # -- reactions -------------------------------------------------------------------------
+    def watch_card(self, card: ModelCard | None) -> None:
+        slider = self.slider
+        slider.card = card
+        if card is not None and not self._touched_slider:
+            # Start half-way to the nearest wall, where a first prompt fits comfortably.
+            nearest = min(card.max_model_len, card.kv_pool_tokens)
+            slider.value = max(slider.minimum, (nearest // 2) // card.block_size * card.block_size)
+
+    @on(PromptLengthSlider.Changed)
+    def _slider_moved(self, event: PromptLengthSlider.Changed) -> None:
+        # Using the slider means "send prompts of this length".
+        self._touched_slider = True
+        self.synthetic = True
+        self.show_error(None)
+
+    @on(CountStepper.Changed)
+    def _concurrency_changed(self, event: CountStepper.Changed) -> None:
+        self.slider.concurrency = event.value
+
+    @on(Button.Pressed, "#send-synthetic")
+    def _send(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.post_message(self.SyntheticSendRequested())
+
+    def show_error(self, message: str | None) -> None:
+        """Show the engine's answer to the last synthetic prompt next to the slider."""
+        box = self.query_one("#slider-error", Static)
+        box.display = bool(message)
+        box.update(Text(f"✗ {message}") if message else "")
+
+
+def _parse(raw: str, default: float) -> float:
+    try:
+        return float(raw.strip())
+    except ValueError:
+        return default

@@ -1,0 +1,234 @@
+"""KvBlockMap: the KV pool's physical blocks, one character each, coloured by owner."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.cells import cell_len
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from engine.events import RequestBlocks, StepSample
+
+REQUEST_COLOURS = 8
+FREE = "·"
+USED = "█"
+# Shades for a cell that stands for several blocks, by the share of them in use.
+SHADES = ("░", "▒", "▓")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One character of the map: the blocks it stands for and who holds most of them."""
+
+    first_block: int
+    blocks: int
+    used: int
+    owner: str | None
+
+    @property
+    def glyph(self) -> str:
+        if self.used == 0:
+            return FREE
+        if self.used >= self.blocks:
+            return USED
+        return SHADES[min(2, self.used * 3 // self.blocks)]
+
+
+class KvBlockMap(Widget):
+    """A grid of the pool's blocks after the latest step, with a legend.
+
+    One character per block while the pool fits in `max_rows` rows; a bigger pool is
+    drawn with each character standing for a run of neighbouring blocks (shaded by how
+    many are in use), and the legend says how many.
+    """
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "kv-block-map--free",
+        "kv-block-map--legend",
+        *(f"kv-block-map--req-{i}" for i in range(REQUEST_COLOURS)),
+    }
+
+    max_rows: reactive[int] = reactive(8, layout=True)
+    """Most grid rows to use before several blocks share a character."""
+
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.total_blocks = 0
+        self.block_size = 0
+        self.requests: tuple[RequestBlocks, ...] = ()
+        self._owners: list[str | None] = []
+        self._colours: dict[str, int] = {}
+        self.placeholder = "loading…"
+        self._version = 0
+        self._render_key: tuple[object, ...] | None = None
+        self._rendered: Text | None = None
+
+    # -- data ------------------------------------------------------------------------------
+    def show_empty_pool(self, total_blocks: int, block_size: int) -> None:
+        """An idle engine's pool, before any step has run."""
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.requests = ()
+        self._owners = [None] * total_blocks
+        self._version += 1
+        self.refresh(layout=True)
+
+    def show_sample(self, sample: StepSample, finished: Iterable[str] = ()) -> None:
+        """Draw `sample`, leaving out requests known to have finished since it was taken."""
+        gone = set(finished)
+        requests = tuple(r for r in sample.blocks if r.request_id not in gone)
+        width = max(1, self.content_size.width)
+        height_before = self.get_content_height(Size(0, 0), Size(0, 0), width)
+        self.total_blocks = sample.total_blocks
+        self.block_size = sample.block_size
+        self.requests = requests
+        owners: list[str | None] = [None] * sample.total_blocks
+        for req in requests:
+            for block in req.block_ids:
+                if 0 <= block < len(owners):
+                    owners[block] = req.request_id
+        self._owners = owners
+        self._version += 1
+        self._assign_colours(requests)
+        # The legend grows and shrinks with the requests: only then is a re-layout needed.
+        height_after = self.get_content_height(Size(0, 0), Size(0, 0), width)
+        self.refresh(layout=height_after != height_before)
+
+    def _assign_colours(self, requests: tuple[RequestBlocks, ...]) -> None:
+        # A request keeps its colour while it lives; colours of finished requests are
+        # reused, lowest first, so two live requests never share one while any is free.
+        live = {r.request_id for r in requests}
+        self._colours = {rid: c for rid, c in self._colours.items() if rid in live}
+        for req in requests:
+            if req.request_id not in self._colours:
+                taken = set(self._colours.values())
+                free = [i for i in range(REQUEST_COLOURS) if i not in taken]
+                self._colours[req.request_id] = free[0] if free else len(self._colours) % 8
+
+    def owner_of(self, block_id: int) -> str | None:
+        """The request holding physical block `block_id`, or None when it is free."""
+        return self._owners[block_id] if 0 <= block_id < len(self._owners) else None
+
+    def colour_index(self, request_id: str) -> int | None:
+        return self._colours.get(request_id)
+
+    @property
+    def free_blocks(self) -> int:
+        return sum(1 for o in self._owners if o is None)
+
+    # -- layout ----------------------------------------------------------------------------
+    def blocks_per_cell(self, width: int) -> int:
+        capacity = max(1, width) * max(1, self.max_rows)
+        return max(1, math.ceil(self.total_blocks / capacity))
+
+    def cells(self, width: int | None = None) -> list[Cell]:
+        """The grid's cells, left to right and top to bottom, for a given width."""
+        width = width if width is not None else max(1, self.content_size.width)
+        per = self.blocks_per_cell(width)
+        owners = self._owners
+        if per == 1:
+            return [Cell(i, 1, o is not None, o) for i, o in enumerate(owners)]
+        out: list[Cell] = []
+        for first in range(0, self.total_blocks, per):
+            span = owners[first : first + per]
+            held = [o for o in span if o is not None]
+            owner = Counter(held).most_common(1)[0][0] if held else None
+            out.append(Cell(first, len(span), len(held), owner))
+        return out
+
+    def _legend_entries(self, per_cell: int) -> list[tuple[str, str]]:
+        entries: list[tuple[str, str]] = []
+        for req in self.requests:
+            colour = self._colours.get(req.request_id, 0)
+            label = f"{USED} {req.request_id} {len(req.block_ids)} blk {req.num_tokens:,} tok"
+            entries.append((label, f"kv-block-map--req-{colour}"))
+        entries.append(
+            (f"{FREE} free {self.free_blocks}/{self.total_blocks}", "kv-block-map--free")
+        )
+        if per_cell > 1:
+            entries.append((f"1 char = {per_cell} blocks", "kv-block-map--legend"))
+        elif self.block_size:
+            entries.append((f"1 char = 1 block of {self.block_size} tok", "kv-block-map--legend"))
+        return entries
+
+    @staticmethod
+    def _pack(entries: list[tuple[str, str]], width: int) -> list[list[tuple[str, str]]]:
+        lines: list[list[tuple[str, str]]] = [[]]
+        used = 0
+        for label, style in entries:
+            need = cell_len(label) + (2 if lines[-1] else 0)
+            if lines[-1] and used + need > width:
+                lines.append([])
+                used = 0
+                need = cell_len(label)
+            lines[-1].append((label, style))
+            used += need
+        return lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if not self.total_blocks:
+            return 1
+        cells = math.ceil(self.total_blocks / self.blocks_per_cell(width))
+        grid_rows = math.ceil(cells / max(1, width))
+        legend_rows = len(self._pack(self._legend_entries(self.blocks_per_cell(width)), width))
+        return grid_rows + legend_rows
+
+    # -- drawing ---------------------------------------------------------------------------
+    def render(self) -> Text:
+        if not self.total_blocks:
+            return Text(self.placeholder, style=self.get_component_rich_style("kv-block-map--free"))
+        width = max(1, self.content_size.width)
+        free_style = self.get_component_rich_style("kv-block-map--free")
+        styles = tuple(
+            self.get_component_rich_style(f"kv-block-map--req-{i}") for i in range(REQUEST_COLOURS)
+        )
+        key = (self._version, width, free_style, styles)
+        if key == self._render_key and self._rendered is not None:
+            return self._rendered
+        text = Text(no_wrap=True, overflow="crop", end="")
+        # Runs of equal cells become one span each: a pool of thousands of blocks is a few
+        # dozen spans, not thousands, which keeps a redraw well under a millisecond.
+        cells = self.cells(width)
+        for row_start in range(0, len(cells), width):
+            if row_start:
+                text.append("\n")
+            run: list[str] = []
+            run_owner: str | None = None
+            for cell in cells[row_start : row_start + width]:
+                if run and cell.owner != run_owner:
+                    text.append("".join(run), self._style_for(run_owner, free_style, styles))
+                    run = []
+                run_owner = cell.owner
+                run.append(cell.glyph)
+            if run:
+                text.append("".join(run), self._style_for(run_owner, free_style, styles))
+        per = self.blocks_per_cell(width)
+        legend = self.get_component_rich_style("kv-block-map--legend")
+        for line in self._pack(self._legend_entries(per), width):
+            text.append("\n")
+            for j, (label, component) in enumerate(line):
+                if j:
+                    text.append("  ")
+                style = self.get_component_rich_style(component)
+                if component.startswith("kv-block-map--req-"):
+                    # The swatch carries the colour; the words stay readable.
+                    text.append(label[:1], style)
+                    text.append(label[1:], legend)
+                else:
+                    text.append(label, style)
+        self._render_key = key
+        self._rendered = text
+        return text
+
+    def _style_for(self, owner: str | None, free: Style, styles: tuple[Style, ...]) -> Style:
+        return free if owner is None else styles[self._colours.get(owner, 0) % REQUEST_COLOURS]

@@ -1,0 +1,55 @@
+"""ModelCardView: what the engine loaded, and how big its KV cache is."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from engine.events import ModelCard
+from tui import format as fmt
+
+
+class ModelCardView(Widget):
+    """The model card as a small label/value table; says "loading" until there is one."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "model-card--label",
+        "model-card--value",
+        "model-card--emulation",
+        "model-card--muted",
+    }
+
+    card: reactive[ModelCard | None] = reactive(None, layout=True)
+    """The loaded model, or None while the engine starts."""
+    engine_state: reactive[str] = reactive("loading", layout=True)
+    """"loading", "ready", "failed" or "dead": what to say when there is no card."""
+
+    def render(self) -> RenderableType:
+        style = self.get_component_rich_style
+        card = self.card
+        if card is None:
+            words = {
+                "failed": "no model: the engine did not start",
+                "dead": "no model: the engine stopped",
+            }.get(self.engine_state, "loading…")
+            return Text(words, style("model-card--muted"))
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style=style("model-card--label"), no_wrap=True)
+        table.add_column(style=style("model-card--value"), overflow="fold")
+        table.add_row("model", card.name)
+        table.add_row("dtype", f"{card.dtype} on {card.device}")
+        table.add_row("max_model_len", f"{fmt.tokens(card.max_model_len)} tokens")
+        table.add_row("block size", f"{card.block_size} tokens")
+        table.add_row(
+            "total blocks",
+            f"{fmt.tokens(card.total_blocks)} = {fmt.tokens(card.kv_pool_tokens)} tokens",
+        )
+        table.add_row("KV / token", f"{fmt.size(card.kv_bytes_per_token)}")
+        if card.emulation is not None:
+            table.add_row("", Text(card.emulation.label, style("model-card--emulation")))
+        return table

@@ -1,0 +1,271 @@
+"""PromptLengthSlider: pick an exact prompt length, with the engine's walls on the ruler."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from engine.events import ModelCard
+
+MAX_MODEL_LEN_CONSEQUENCE = "past max_model_len: the engine will refuse this prompt"
+KV_POOL_CONSEQUENCE = "past the KV pool: requests will be preempted/queued"
+
+
+@dataclass(frozen=True)
+class Wall:
+    """A prompt length past which something changes, and what changes."""
+
+    kind: str  # "max_model_len", "kv_pool" or "gpu"
+    tokens: int
+    marker: str
+    label: str
+    consequence: str
+
+
+def walls_for(card: ModelCard, concurrency: int) -> list[Wall]:
+    """The walls one request meets when `concurrency` copies run together."""
+    c = max(1, concurrency)
+    share = "" if c == 1 else f" ÷ {c}"
+    walls = [
+        Wall("max_model_len", card.max_model_len, "M", "max_model_len", MAX_MODEL_LEN_CONSEQUENCE),
+        # c copies share one pool, so each copy's wall is its share of it.
+        Wall("kv_pool", card.kv_pool_tokens // c, "K", f"KV pool{share}", KV_POOL_CONSEQUENCE),
+    ]
+    if card.emulation is not None:
+        gpu = card.emulation.gpu
+        walls.append(
+            Wall(
+                "gpu",
+                card.emulation.pool_tokens // c,
+                "G",
+                f"{gpu} KV pool{share}",
+                f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
+            )
+        )
+    return sorted(walls, key=lambda w: (w.tokens, w.marker))
+
+
+def _round_up(value: float, step: int) -> int:
+    return int(math.ceil(value / step) * step)
+
+
+class PromptLengthSlider(Widget, can_focus=True):
+    """A keyboard slider for a prompt length in tokens.
+
+    Left/right move by a small step (a block, on small models), shift+left/right and
+    page up/down by a big one, home/end to the ends. The ruler runs to 1.25 × max_model_len
+    so the user can walk past every wall that matters: past max_model_len the engine
+    refuses, so nothing further would show anything new.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("left", "step(-1)", "Shorter", show=False),
+        Binding("right", "step(1)", "Longer", show=False),
+        Binding("shift+left,pagedown", "step(-10)", "Much shorter", show=False),
+        Binding("shift+right,pageup", "step(10)", "Much longer", show=False),
+        Binding("home", "jump(-1)", "Shortest", show=False),
+        Binding("end", "jump(1)", "Longest", show=False),
+    ]
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "prompt-length-slider--value",
+        "prompt-length-slider--track",
+        "prompt-length-slider--filled",
+        "prompt-length-slider--knob",
+        "prompt-length-slider--wall",
+        "prompt-length-slider--past",
+        "prompt-length-slider--muted",
+        "prompt-length-slider--ok",
+    }
+
+    value: reactive[int] = reactive(512, layout=True)
+    """The prompt length, in tokens."""
+    card: reactive[ModelCard | None] = reactive(None, layout=True)
+    """The loaded model; its limits are the walls. None while the engine loads."""
+    concurrency: reactive[int] = reactive(1, layout=True)
+    """Copies sent at once; they share the KV pool, which moves its wall."""
+
+    @dataclass
+    class Changed(Message):
+        """The user moved the slider."""
+
+        slider: PromptLengthSlider
+        value: int
+
+        @property
+        def control(self) -> PromptLengthSlider:
+            return self.slider
+
+    def __init__(
+        self,
+        value: int = 512,
+        *,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.set_reactive(PromptLengthSlider.value, value)
+
+    # -- scale -----------------------------------------------------------------------------
+    @property
+    def minimum(self) -> int:
+        return 16
+
+    @property
+    def maximum(self) -> int:
+        if self.card is None:
+            return 2560
+        return _round_up(self.card.max_model_len * 1.25, self.small_step)
+
+    @property
+    def small_step(self) -> int:
+        if self.card is None:
+            return 16
+        block = max(1, self.card.block_size)
+        span = self.card.max_model_len * 1.25
+        if span / block <= 320:
+            return block
+        # Long contexts: about 200 small steps end to end, still whole blocks.
+        return _round_up(span / 200, block)
+
+    @property
+    def big_step(self) -> int:
+        return self.small_step * 10
+
+    def walls(self) -> list[Wall]:
+        return walls_for(self.card, self.concurrency) if self.card else []
+
+    def walls_passed(self) -> list[Wall]:
+        return [w for w in self.walls() if self.value > w.tokens]
+
+    # -- state -----------------------------------------------------------------------------
+    def validate_value(self, value: int) -> int:
+        return max(self.minimum, min(int(value), self.maximum))
+
+    def _sync_state(self) -> None:
+        self.set_class(bool(self.walls_passed()), "-past-wall")
+
+    def watch_value(self) -> None:
+        self._sync_state()
+
+    def watch_card(self) -> None:
+        self.value = self.validate_value(self.value)
+        self._sync_state()
+
+    def watch_concurrency(self) -> None:
+        self._sync_state()
+
+    def _move_to(self, value: int) -> None:
+        new = self.validate_value(value)
+        if new != self.value:
+            self.value = new
+        # Posted even at an end stop: pressing a key on the slider means "use it".
+        self.post_message(self.Changed(self, self.value))
+
+    def action_step(self, steps: int) -> None:
+        step = self.big_step if abs(steps) >= 10 else self.small_step
+        direction = 1 if steps > 0 else -1
+        # Snap to the step grid first, so keyboard values stay round numbers.
+        base = (self.value // step) * step
+        if direction < 0 and base < self.value:
+            self._move_to(base)
+        else:
+            self._move_to(base + direction * step)
+
+    def action_jump(self, direction: int) -> None:
+        self._move_to(self.maximum if direction > 0 else self.minimum)
+
+    def on_click(self, event: events.Click) -> None:
+        width = self.content_size.width
+        if width > 1 and event.y == 1:
+            self._move_to(round(event.x / (width - 1) * self.maximum))
+
+    # -- drawing ---------------------------------------------------------------------------
+    def _position(self, tokens: int, width: int) -> int:
+        return max(0, min(width - 1, round(tokens / self.maximum * (width - 1))))
+
+    def render(self) -> Text:
+        style = self.get_component_rich_style
+        width = max(12, self.content_size.width)
+        walls = self.walls()
+        passed = self.walls_passed()
+        text = Text(end="")
+        text.append(f"{self.value:,} tokens", style("prompt-length-slider--value"))
+        if self.card is not None:
+            blocks = self.card.blocks_for(self.value)
+            text.append(
+                f" = {blocks:,} blocks of {self.card.block_size}",
+                style("prompt-length-slider--muted"),
+            )
+        text.append("\n")
+
+        knob = self._position(self.value, width)
+        first_wall = min((w.tokens for w in walls), default=None)
+        danger_from = self._position(first_wall, width) if first_wall is not None else width
+        wall_at = {self._position(w.tokens, width): w for w in walls if w.tokens <= self.maximum}
+        for x in range(width):
+            if x == knob:
+                text.append("●", style("prompt-length-slider--knob"))
+            elif x in wall_at:
+                hit = wall_at[x] in passed
+                text.append(
+                    "┃",
+                    style("prompt-length-slider--past" if hit else "prompt-length-slider--wall"),
+                )
+            elif x < knob:
+                past = x > danger_from
+                text.append(
+                    "━",
+                    style("prompt-length-slider--past" if past else "prompt-length-slider--filled"),
+                )
+            else:
+                past = x > danger_from
+                text.append(
+                    "╌" if past else "─",
+                    style("prompt-length-slider--past" if past else "prompt-length-slider--track"),
+                )
+        text.append("\n")
+
+        # Wall letters under the ruler; a letter that would land on another moves right.
+        marks = [" "] * width
+        mark_style = ["prompt-length-slider--wall"] * width
+        for wall in walls:
+            if wall.tokens > self.maximum:
+                continue
+            x = self._position(wall.tokens, width)
+            while x < width - 1 and marks[x] != " ":
+                x += 1
+            marks[x] = wall.marker
+            if wall in passed:
+                mark_style[x] = "prompt-length-slider--past"
+        for ch, component in zip(marks, mark_style, strict=True):
+            text.append(ch, style(component))
+
+        if self.card is None:
+            text.append(
+                "\nwalls appear when the engine is ready", style("prompt-length-slider--muted")
+            )
+            return text
+        for wall in walls:
+            hit = wall in passed
+            component = "prompt-length-slider--past" if hit else "prompt-length-slider--muted"
+            beyond = " (off the ruler)" if wall.tokens > self.maximum else ""
+            mark = "✗" if hit else " "
+            text.append(
+                f"\n{mark}{wall.marker} {wall.label} {wall.tokens:,}{beyond}", style(component)
+            )
+        if passed:
+            for wall in passed:
+                text.append(f"\n{wall.consequence}", style("prompt-length-slider--past"))
+        else:
+            text.append("\nfits under every wall", style("prompt-length-slider--ok"))
+        return text
