@@ -181,9 +181,13 @@ class VllmEngine:
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Load the model and start the step thread; blocks until ready or failed."""
+        report = progress or (lambda _p: None)
+        if self._thread is not None and self._thread.is_alive() and not self._dead and self._card:
+            # Already running (a UI handed an engine that a test or script started).
+            report(LoadProgress("ready", 1.0))
+            return self._card
         if self._thread is not None:
             self.shutdown()
-        report = progress or (lambda _p: None)
         ready = threading.Event()
         failure: list[BaseException] = []
         self._stop.clear()
