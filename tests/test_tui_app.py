@@ -152,7 +152,7 @@ async def test_block_map_shows_the_blocks_the_engine_reports() -> None:
         sample = app.telemetry.latest
         assert sample is not None and {b.request_id for b in sample.blocks} == {"r1", "r1.2"}
         block_map = main.engine_panel.block_map
-        text = block_map.render()
+        text = block_map.as_text()
         width = block_map.content_size.width
         held = set()
         for req in sample.blocks:

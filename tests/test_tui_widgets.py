@@ -156,7 +156,7 @@ async def test_block_map_draws_one_character_per_block_with_a_legend() -> None:
         sample = _sample((RequestBlocks("a", (0, 1, 5), 40), RequestBlocks("b", (2, 3), 20)))
         block_map.show_sample(sample)
         await pilot.pause()
-        lines = block_map.render().plain.splitlines()
+        lines = block_map.as_text().plain.splitlines()
         width = block_map.content_size.width
         grid = "".join(lines[: -(-64 // width)])
         assert grid[:6] == USED * 4 + FREE + USED and grid[6:] == FREE * 58
@@ -183,7 +183,7 @@ async def test_a_big_pool_is_drawn_with_several_blocks_per_character() -> None:
         assert len(cells) == -(-1000 // per)
         assert cells[0].owner == "a" and cells[0].glyph == USED
         assert cells[-1].owner is None and cells[-1].glyph == FREE
-        assert f"1 char = {per} blocks" in block_map.render().plain
+        assert f"1 char = {per} blocks" in block_map.as_text().plain
 
 
 # -- TokenLatencyView ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from textual.theme import Theme
 
 from engine.protocol import Engine
 from themes import all_themes
+from tui.gc_pauses import GcPolicy
 from tui.plotting import PlotRenderer
 from tui.screens.help import HelpScreen
 from tui.screens.main import MainScreen
@@ -65,15 +66,15 @@ class KvscopeApp(App[int]):
 
     @property
     def manage_gc(self) -> bool:
-        """Freeze the heap after start-up to keep GC pauses short (see tui/gc_pauses.py).
+        """Keep full GC collections out of the token stream (see tui/gc_pauses.py).
 
         Process-wide, so off unless the app owns the process (run_tui turns it on).
         """
-        return self._main.manage_gc
+        return self._main.gc_policy is not None
 
     @manage_gc.setter
     def manage_gc(self, on: bool) -> None:
-        self._main.manage_gc = on
+        self._main.gc_policy = GcPolicy() if on else None
 
     @property
     def main_screen(self) -> MainScreen:

@@ -22,9 +22,11 @@ class Telemetry:
         self.kv_pct: deque[float] = deque(maxlen=steps)
         self.preempt_t: deque[float] = deque(maxlen=steps)
         self.latest: StepSample | None = None
-        # Requests that finished after `latest` was taken: their blocks are back in the pool
-        # even though no later step has said so yet (the engine may now be idle).
-        self.finished_since_sample: set[str] = set()
+        # Requests known to have finished. A finished request's blocks are back in the pool
+        # even if the latest sample still lists it: the sample (a message) and the finish
+        # (a stream event) travel separately, and the sample may be the later to arrive.
+        self.finished: set[str] = set()
+        self._finished_order: deque[str] = deque()
         self.itl_request: str | None = None
         self.itl_ms: deque[float] = deque(maxlen=itl)
         self.ttft_points: deque[tuple[int, float]] = deque(maxlen=ttft)
@@ -43,7 +45,6 @@ class Telemetry:
         if sample.preemptions:
             self.preempt_t.append(t)
         self.latest = sample
-        self.finished_since_sample.clear()
         self.preemptions_total += sample.preemptions
         self.steps_version += 1
 
@@ -59,8 +60,11 @@ class Telemetry:
             self.itl_ms.append(event.latency_s * 1000.0)
             self.itl_version += 1
 
-    def add_finished(self, event: RequestFinished) -> None:
-        self.finished_since_sample.add(event.request_id)
+    def add_finished(self, event: RequestFinished, keep: int = 4096) -> None:
+        self.finished.add(event.request_id)
+        self._finished_order.append(event.request_id)
+        if len(self._finished_order) > keep:
+            self.finished.discard(self._finished_order.popleft())
         self.steps_version += 1
         if event.ttft_s is not None:
             self.ttft_points.append((event.prompt_tokens, event.ttft_s * 1000.0))

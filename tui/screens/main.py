@@ -25,8 +25,8 @@ from engine.events import (
     TokenEvent,
 )
 from engine.protocol import Engine
-from tui import gc_pauses
 from tui.conversation import Conversation
+from tui.gc_pauses import GcPolicy
 from tui.messages import EngineFailed, EngineProgressed, EngineReady, StepSampled
 from tui.plotting import PlotRenderer
 from tui.telemetry import Telemetry
@@ -35,7 +35,7 @@ from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.engine_panel import EnginePanel
 from tui.widgets.reply_block import ReplyBlock
 
-REDRAW_HZ = 15
+REDRAW_HZ = 20  # the chat and the engine panel each redraw at half this
 PANELS = ("chat", "engine", "controls")
 
 
@@ -71,11 +71,10 @@ class MainScreen(Screen[None]):
         renderer: PlotRenderer,
         *,
         cursor_blink: bool = True,
-        manage_gc: bool = False,
     ) -> None:
         super().__init__()
         self.cursor_blink = cursor_blink
-        self.manage_gc = manage_gc
+        self.gc_policy: GcPolicy | None = None  # set by the app when it owns the process
         self.engine = engine
         self.telemetry = telemetry
         self.renderer = renderer
@@ -84,6 +83,7 @@ class MainScreen(Screen[None]):
         self._current_user_text = ""
         self._current_synthetic = False
         self._remove_listener: object = None
+        self._ticks = 0
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -120,6 +120,8 @@ class MainScreen(Screen[None]):
     def on_unmount(self) -> None:
         if callable(self._remove_listener):
             self._remove_listener()
+        if self.gc_policy is not None:
+            self.gc_policy.stopped()
 
     # -- parts -----------------------------------------------------------------------------
     @property
@@ -168,8 +170,8 @@ class MainScreen(Screen[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
-        if self.manage_gc:
-            gc_pauses.collect_and_freeze()  # the UI is built: take it out of GC's sight
+        if self.gc_policy is not None:
+            self.gc_policy.started()
         self.card = message.card
         self.engine_state = "ready"
         self.sub_title = message.card.name
@@ -312,25 +314,32 @@ class MainScreen(Screen[None]):
         summary = reply.summary()
         if not self._current_synthetic and not summary.failed and summary.text:
             self.conversation.record(self._current_user_text, summary.text)
-        if self.manage_gc:
-            # One full collection per reply, now that nothing streams, frees the cycles
-            # that were frozen while it did.
-            gc_pauses.collect_and_freeze()
+        if self.gc_policy is not None:
+            self.gc_policy.idle()
         self.busy = False
         self.refresh_bindings()
 
     # -- redraw ----------------------------------------------------------------------------
     async def _tick(self) -> None:
-        await self.redraw(wait=False)
+        # Chat and engine panel take turns, each at half the timer's rate. A frame repaints
+        # the box around everything that changed; when both halves change in one frame
+        # that box is nearly the whole screen, and each frame costs about twice as much.
+        self._ticks += 1
+        with self.app.batch_update():
+            if self._ticks % 2:
+                if self.current is not None:
+                    await self.current.tick()
+            else:
+                await self.engine_panel.redraw(self.renderer, wait=False)
+        if self.gc_policy is not None and self.busy:
+            self.gc_policy.streaming_tick()
 
     async def redraw(self, *, wait: bool = True) -> None:
-        """Bring the live parts up to date from the buffers (the timer does it ~15 Hz).
+        """Bring the live parts up to date from the buffers (the timer does it in turns).
 
         With `wait`, a draw already in progress is waited for and followed by a fresh one,
         so that afterwards the screen shows everything received so far (tests, the demo).
         """
-        # One batch: the reply, the block map and the plots change in the same frame,
-        # rather than each costing a frame (a full-screen composite) of its own.
         with self.app.batch_update():
             if self.current is not None:
                 await self.current.tick()
@@ -358,8 +367,8 @@ class MainScreen(Screen[None]):
         self.busy = False
         self.conversation.clear()
         await self.chat.clear()
-        if self.manage_gc:
-            gc_pauses.collect_and_freeze()  # the old transcript's cycles are garbage now
+        if self.gc_policy is not None:
+            self.gc_policy.idle()  # the old transcript's cycles are garbage now
         self.chat.input.focus()
         self.refresh_bindings()
 

@@ -91,7 +91,9 @@ class EnginePanel(Vertical):
         if self.telemetry.latest is None:
             text = words.get(state, step_line(None, 0))
             self.query_one("#engine-step", Static).update(Text(text))
-            self.query_one(KvBlockMap).placeholder = "loading…" if state == "loading" else "–"
+            block_map = self.query_one(KvBlockMap)
+            block_map.placeholder = "loading…" if state == "loading" else "–"
+            block_map.refresh()
         else:
             self._seen = (-1, -1, -1)  # redraw everything at the next tick
 
@@ -124,7 +126,7 @@ class EnginePanel(Vertical):
             self.query_one("#engine-step", Static).update(
                 Text(step_line(tel.latest, tel.preemptions_total)), layout=False
             )
-            self.block_map.show_sample(tel.latest, tel.finished_since_sample)
+            self.block_map.show_sample(tel.latest, tel.finished)
         kv_plot = self.query_one("#kv-plot", Plot)
         itl_plot = self.query_one("#itl-plot", Plot)
         ttft_plot = self.query_one("#ttft-plot", Plot)

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.cells import cell_len
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
 
 from engine.events import RequestBlocks, StepSample
@@ -69,9 +71,10 @@ class KvBlockMap(Widget):
         self._owners: list[str | None] = []
         self._colours: dict[str, int] = {}
         self.placeholder = "loading…"
+        # Bumped on every change of what is shown; render_line rebuilds its rows then.
         self._version = 0
         self._render_key: tuple[object, ...] | None = None
-        self._rendered: Text | None = None
+        self._strips: list[Strip] = []
 
     # -- data ------------------------------------------------------------------------------
     def show_empty_pool(self, total_blocks: int, block_size: int) -> None:
@@ -184,51 +187,79 @@ class KvBlockMap(Widget):
         return grid_rows + legend_rows
 
     # -- drawing ---------------------------------------------------------------------------
-    def render(self) -> Text:
-        if not self.total_blocks:
-            return Text(self.placeholder, style=self.get_component_rich_style("kv-block-map--free"))
-        width = max(1, self.content_size.width)
+    # A Line API widget: rows are built once per sample as Strips of a few runs each and
+    # handed out by render_line. Going through render() and a rich Text instead cost a
+    # few milliseconds per frame for a pool of thousands of blocks.
+    def _rows(self, width: int) -> list[list[tuple[str, Style]]]:
+        """Each line of the map as (text, style) runs: the grid, then the legend."""
         free_style = self.get_component_rich_style("kv-block-map--free")
-        styles = tuple(
+        if not self.total_blocks:
+            return [[(self.placeholder, free_style)]]
+        styles = [
             self.get_component_rich_style(f"kv-block-map--req-{i}") for i in range(REQUEST_COLOURS)
-        )
-        key = (self._version, width, free_style, styles)
-        if key == self._render_key and self._rendered is not None:
-            return self._rendered
-        text = Text(no_wrap=True, overflow="crop", end="")
-        # Runs of equal cells become one span each: a pool of thousands of blocks is a few
-        # dozen spans, not thousands, which keeps a redraw well under a millisecond.
+        ]
+        colours = self._colours
+        rows: list[list[tuple[str, Style]]] = []
         cells = self.cells(width)
         for row_start in range(0, len(cells), width):
-            if row_start:
-                text.append("\n")
+            row: list[tuple[str, Style]] = []
             run: list[str] = []
             run_owner: str | None = None
             for cell in cells[row_start : row_start + width]:
                 if run and cell.owner != run_owner:
-                    text.append("".join(run), self._style_for(run_owner, free_style, styles))
+                    style = free_style if run_owner is None else styles[colours.get(run_owner, 0)]
+                    row.append(("".join(run), style))
                     run = []
                 run_owner = cell.owner
                 run.append(cell.glyph)
             if run:
-                text.append("".join(run), self._style_for(run_owner, free_style, styles))
-        per = self.blocks_per_cell(width)
+                style = free_style if run_owner is None else styles[colours.get(run_owner, 0)]
+                row.append(("".join(run), style))
+            rows.append(row)
         legend = self.get_component_rich_style("kv-block-map--legend")
-        for line in self._pack(self._legend_entries(per), width):
-            text.append("\n")
+        for line in self._pack(self._legend_entries(self.blocks_per_cell(width)), width):
+            row = []
             for j, (label, component) in enumerate(line):
                 if j:
-                    text.append("  ")
+                    row.append(("  ", legend))
                 style = self.get_component_rich_style(component)
                 if component.startswith("kv-block-map--req-"):
                     # The swatch carries the colour; the words stay readable.
-                    text.append(label[:1], style)
-                    text.append(label[1:], legend)
+                    row.append((label[:1], style))
+                    row.append((label[1:], legend))
                 else:
-                    text.append(label, style)
-        self._render_key = key
-        self._rendered = text
+                    row.append((label, style))
+            rows.append(row)
+        return rows
+
+    def as_text(self, width: int | None = None) -> Text:
+        """The map as rich Text (what is drawn, for tests and screenshots of one widget)."""
+        width = width if width is not None else max(1, self.content_size.width)
+        text = Text(no_wrap=True, overflow="crop", end="")
+        for i, row in enumerate(self._rows(width)):
+            if i:
+                text.append("\n")
+            for chunk, style in row:
+                text.append(chunk, style)
         return text
 
-    def _style_for(self, owner: str | None, free: Style, styles: tuple[Style, ...]) -> Style:
-        return free if owner is None else styles[self._colours.get(owner, 0) % REQUEST_COLOURS]
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        base = self.rich_style
+        key = (self._version, width, base, self.placeholder)
+        if key != self._render_key:
+            # Component styles change with the theme: rebuild then too.
+            self._strips = [
+                Strip([Segment(chunk, base + style) for chunk, style in row])
+                .extend_cell_length(width, base)
+                .crop(0, width)
+                for row in self._rows(max(1, width))
+            ]
+            self._render_key = key
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(width, base)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._render_key = None  # a theme change: the runs' colours must be looked up again
