@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import ClassVar
@@ -20,6 +21,7 @@ from tui.telemetry import Telemetry
 from tui.widgets import STYLESHEETS
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.kv_block_map import FREE, USED, KvBlockMap
+from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import (
     KV_POOL_CONSEQUENCE,
     MAX_MODEL_LEN_CONSEQUENCE,
@@ -131,6 +133,33 @@ async def test_slider_ruler_marks_walls_where_they_are() -> None:
             assert track[x] == "┃" and marks[x] == wall.marker
 
 
+# -- ModelCardView ----------------------------------------------------------------------------
+async def test_model_card_lists_the_pool_and_the_emulation() -> None:
+    view = ModelCardView()
+    async with Host(view).run_test(size=(70, 12)) as pilot:
+        assert "loading" in _plain(view)
+        view.card = dataclasses.replace(CARD, emulation=L4)
+        await pilot.pause()
+        text = _plain(view)
+        for expected in (
+            "bfloat16 on fake",
+            "max_model_len 2,048 tokens",
+            "block size    16 tokens",
+            "64 = 1,024 tokens",
+            "22.5 KiB (23,040 B)",
+            L4.label,
+        ):
+            assert expected in text
+
+
+def _plain(widget: ModelCardView) -> str:
+    from rich.console import Console
+
+    console = Console(width=70, record=True, file=io.StringIO())
+    console.print(widget.render())
+    return console.export_text()
+
+
 # -- KvBlockMap -------------------------------------------------------------------------------
 def _sample(blocks: tuple[RequestBlocks, ...], total: int = 64) -> StepSample:
     used = sum(len(b.block_ids) for b in blocks)
@@ -231,6 +260,9 @@ def test_plot_builds_in_the_given_size_and_colours() -> None:
     assert len(lines) == 10 and max(len(line) for line in lines) <= 40
     colours = {span.style.color.triplet for span in text.spans if span.style.color}  # type: ignore[union-attr]
     assert any(c is not None and (c.red, c.green, c.blue) == (255, 0, 0) for c in colours)
+    # Bigger than the 80x24 plotext assumes when stdout is not a terminal: not clipped.
+    big = Text.from_ansi(build_plot(PlotJob(("k",), figure, 130, 40, job.palette))).plain
+    assert len(big.splitlines()) == 40 and max(len(line) for line in big.splitlines()) == 130
 
 
 def test_figures_come_from_the_ring_buffers() -> None:

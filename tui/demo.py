@@ -53,7 +53,9 @@ async def _demo_requests(app: KvscopeApp) -> bool:
     controls.concurrency = 2
     # Comfortably under both walls, so both copies are admitted and hold many blocks.
     wall = min(card.max_model_len, card.kv_pool_tokens // 2)
-    controls.slider.value = max(controls.slider.minimum, int(wall * 0.6))
+    controls.slider.value = max(
+        controls.slider.minimum, int(wall * 0.6) // card.block_size * card.block_size
+    )
     controls.synthetic = True
     await main.send("Now answer after this long prompt.", synthetic=True)
     reply = main.current

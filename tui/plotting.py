@@ -94,6 +94,9 @@ def build_plot(job: PlotJob) -> str:
     fig = job.figure
     with _PLOTEXT_LOCK:
         plt.clf()
+        # Without this plotext clips every plot to the terminal it detects, which is 80x24
+        # whenever stdout is not a terminal (headless runs, tests), whatever the widget.
+        plt.limitsize(False, False)
         plt.plotsize(max(job.width, 10), max(job.height, 4))
         # "default" leaves the background alone, so the widget's theme background shows.
         plt.canvas_color("default")

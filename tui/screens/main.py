@@ -230,8 +230,8 @@ class MainScreen(Screen[None]):
         self._current_user_text = text
         self._current_synthetic = synthetic
         times = f" × {copies} copies" if copies > 1 else ""
+        n = controls.prompt_tokens
         if synthetic:
-            n = controls.prompt_tokens
             controls.show_error(None)
             await self.chat.add_user_message(text, f"⟨synthetic prompt: {n:,} tokens{times}⟩")
             title = f"assistant · {ids[0]} · {n:,}-token prompt{times}"
@@ -245,9 +245,7 @@ class MainScreen(Screen[None]):
         try:
             if synthetic:
                 # Tokenising a long prompt can take a while on the real engine: not on the loop.
-                prompt = await asyncio.to_thread(
-                    self.engine.synthetic_prompt, controls.prompt_tokens, text
-                )
+                prompt = await asyncio.to_thread(self.engine.synthetic_prompt, n, text)
                 requests = [
                     GenerationRequest(rid, prompt_token_ids=prompt, sampling=sampling)
                     for rid in ids
@@ -386,7 +384,10 @@ class MainScreen(Screen[None]):
         if panel == "chat":
             self.chat.input.focus()
         elif panel == "controls":
-            self.controls.slider.focus()
+            slider = self.controls.slider
+            slider.focus()
+            # The panel may only now become visible: scroll once it has a place on screen.
+            self.call_after_refresh(slider.scroll_visible, animate=False)
 
     @on(Tabs.TabActivated, "#panel-tabs")
     def _tab_activated(self, event: Tabs.TabActivated) -> None:

@@ -128,16 +128,19 @@ class SweepScreen(Screen[None]):
                     ("warm-up runs", "warmup", str(defaults.warmup)),
                     ("concurrency", "concurrency", str(defaults.concurrency)),
                 ):
-                    yield Label(label, classes="field-label")
-                    yield Input(value, id=field_id)
-                yield Button("Run sweep (F6)", id="run", variant="primary")
+                    with Horizontal(classes="field"):
+                        yield Label(label, classes="field-label")
+                        yield Input(value, id=field_id, compact=True)
+                yield Button("Run sweep (F6)", id="run", variant="primary", compact=True)
+                # No ETA: it would be a wall-clock guess; the bar counts runs done.
                 yield ProgressBar(total=1, show_eta=False, id="sweep-progress")
                 yield Static("", id="sweep-status")
-                yield Label("export to (no extension)", classes="field-label")
-                yield Input("kvscope-sweep", id="export-path")
+                with Horizontal(classes="field"):
+                    yield Label("export to", classes="field-label")
+                    yield Input("kvscope-sweep", id="export-path", compact=True)
                 with Horizontal(id="export-buttons"):
-                    yield Button("JSON (F7)", id="export-json")
-                    yield Button("CSV (F8)", id="export-csv")
+                    yield Button("JSON (F7)", id="export-json", compact=True)
+                    yield Button("CSV (F8)", id="export-csv", compact=True)
             with Vertical(id="sweep-results"):
                 with Vertical(classes="box", id="sweep-ttft-box") as box:
                     box.border_title = "TTFT (ms) vs prompt tokens · mean"

@@ -47,10 +47,11 @@ class ControlsPanel(VerticalScroll):
             box.border_title = "Sampling"
             with Horizontal(classes="field"):
                 yield Label("max tokens", classes="field-label")
-                yield Input(str(DEFAULT_MAX_TOKENS), type="integer", id="max-tokens")
+                # Compact (borderless) fields: at 80x24 every row of this panel counts.
+                yield Input(str(DEFAULT_MAX_TOKENS), type="integer", id="max-tokens", compact=True)
             with Horizontal(classes="field"):
                 yield Label("temperature", classes="field-label")
-                yield Input("0.0", type="number", id="temperature")
+                yield Input("0.0", type="number", id="temperature", compact=True)
         with Vertical(id="prompt-box", classes="box") as box:
             box.border_title = "Prompt length"
             with Horizontal(classes="field"):
@@ -69,7 +70,7 @@ class ControlsPanel(VerticalScroll):
                 "KV pool, fill it, and provoke preemption",
                 classes="hint",
             )
-        yield Button("Send synthetic prompt", id="send-synthetic", variant="primary")
+        yield Button("Send synthetic prompt", id="send-synthetic", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#slider-error", Static).display = False

@@ -23,7 +23,7 @@ def step_line(sample: StepSample | None, preemptions_total: int) -> str:
         return "idle: no step has run yet"
     used = sample.total_blocks - sample.free_blocks
     return (
-        f"step {sample.step:,} · running {sample.running} · waiting {sample.waiting} · "
+        f"last step {sample.step:,} · running {sample.running} · waiting {sample.waiting} · "
         f"prefill {sample.prefill_tokens:,} tok · decode {sample.decode_tokens:,} tok · "
         f"KV {sample.kv_usage:.0%} ({used:,}/{sample.total_blocks:,} blocks) · "
         f"preemptions {preemptions_total:,}"

@@ -49,7 +49,9 @@ class ModelCardView(Widget):
             "total blocks",
             f"{fmt.tokens(card.total_blocks)} = {fmt.tokens(card.kv_pool_tokens)} tokens",
         )
-        table.add_row("KV / token", f"{fmt.size(card.kv_bytes_per_token)}")
+        table.add_row(
+            "KV / token", f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)"
+        )
         if card.emulation is not None:
             table.add_row("", Text(card.emulation.label, style("model-card--emulation")))
         return table

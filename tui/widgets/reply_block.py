@@ -59,7 +59,8 @@ class CopyState:
         if self.finished is not None:
             return f"{self.request_id} · {footer_line(self.finished)}"
         if self.received:
-            return f"{self.request_id} · streaming · {self.received:,} tok"
+            again = f" · preempted ×{self.preemptions_seen}" if self.preemptions_seen else ""
+            return f"{self.request_id} · streaming · {self.received:,} tok{again}"
         return f"{self.request_id} · {'queued for KV blocks' if self.accepted else 'sending'}…"
 
 
@@ -200,7 +201,10 @@ class ReplyBlock(Vertical):
             prefix = "■ stopped by you │ " if p.finished.reason == "abort" else ""
             footer.update(Text(prefix + footer_line(p.finished)))
         elif p.received:
-            footer.update(Text(f"streaming · {p.received:,} tokens · Esc stops"), layout=False)
+            preempted = f" · preempted ×{p.preemptions_seen}" if p.preemptions_seen else ""
+            footer.update(
+                Text(f"streaming · {p.received:,} tokens{preempted} · Esc stops"), layout=False
+            )
         else:
             waiting = "waiting for KV blocks" if p.accepted else "sending"
             footer.update(Text(f"{waiting}… · Esc stops"))
