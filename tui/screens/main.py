@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import ClassVar
 
 from textual import on, work
@@ -245,10 +246,17 @@ class MainScreen(Screen[None]):
         try:
             if synthetic:
                 # Tokenising a long prompt can take a while on the real engine: not on the loop.
-                prompt = await asyncio.to_thread(self.engine.synthetic_prompt, n, text)
+                # One seed per copy: copies that shared a prompt would share its KV
+                # blocks through prefix caching and never fill the pool. EOS is ignored
+                # so every copy decodes max tokens, as a benchmark request does.
+                prompts = [
+                    await asyncio.to_thread(self.engine.synthetic_prompt, n, text, copy)
+                    for copy in range(len(ids))
+                ]
+                walking = dataclasses.replace(sampling, ignore_eos=True)
                 requests = [
-                    GenerationRequest(rid, prompt_token_ids=prompt, sampling=sampling)
-                    for rid in ids
+                    GenerationRequest(rid, prompt_token_ids=prompt, sampling=walking)
+                    for rid, prompt in zip(ids, prompts, strict=True)
                 ]
             else:
                 messages = self.conversation.request_messages(text)
