@@ -14,7 +14,7 @@ from rich.table import Table
 
 from engine.bench import FloorFn, SweepConfig, SweepResult, run_sweep
 from engine.errors import BadOption
-from engine.roofline_cli import parse_int_list
+from engine.roofline_cli import parse_int_list, parse_int_option
 
 EXIT_SOME_FAILED = 3
 
@@ -72,23 +72,13 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _int(text: str, option: str, minimum: int) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise BadOption(option, f"{text!r} is not a whole number") from None
-    if value < minimum:
-        raise BadOption(option, f"{value} is below {minimum}")
-    return value
-
-
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     config = SweepConfig(
         prompt_lens=tuple(parse_int_list(args.prompt_lens, "--prompt-lens")),
-        output_len=_int(args.output_len, "--output-len", 1),
-        runs=_int(args.runs, "--runs", 1),
-        warmup=_int(args.warmup, "--warmup", 0),
-        concurrency=_int(args.concurrency, "--concurrency", 1),
+        output_len=parse_int_option(args.output_len, "--output-len", 1),
+        runs=parse_int_option(args.runs, "--runs", 1),
+        warmup=parse_int_option(args.warmup, "--warmup", 0),
+        concurrency=parse_int_option(args.concurrency, "--concurrency", 1),
     )
     config.validate()
     return config

@@ -30,6 +30,7 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
+from engine.listeners import StepListeners
 
 REPLY = [
     "The",
@@ -160,7 +161,7 @@ class FakeEngine:
         self.config = config or FakeConfig()
         self.clock: Clock = clock or VirtualClock()
         self._card: ModelCard | None = None
-        self._listeners: list[StepListener] = []
+        self._listeners = StepListeners()
         self._waiting: list[_Live] = []
         self._running: list[_Live] = []
         self._by_id: dict[str, _Live] = {}
@@ -200,13 +201,7 @@ class FakeEngine:
         return self._card
 
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return remove
+        return self._listeners.add(listener)
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         ids: list[int] = []
@@ -416,8 +411,7 @@ class FakeEngine:
             preempted_ids=tuple(preempted),
         )
         self._last_duration = duration
-        for listener in list(self._listeners):
-            listener(sample)
+        self._listeners.emit(sample)
         for live in list(self._running):
             sp = live.request.sampling
             if len(live.output) >= sp.max_tokens:

@@ -19,13 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from engine.errors import BadOption
+from engine.paths import cache_dir
 from engine.roofline import HardwareProfile, ModelGeometry
 
 CPU_KEY = "cpu"
-CACHE_ENV_VAR = "KVSCOPE_CACHE_DIR"
 CALIBRATION_FILE = "calibration.json"
 # Bump when the meaning of a cached field changes, so old caches are measured again.
 CALIBRATION_SCHEMA = 1
@@ -163,12 +161,6 @@ def load_profile(
 
 
 # --------------------------------------------------------------------------- CPU calibration
-
-
-def cache_dir() -> Path:
-    """KVSCOPE_CACHE_DIR if set (tests, CI, read-only homes), else the platform cache."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    return Path(override) if override else Path(platformdirs.user_cache_dir("kvscope"))
 
 
 def calibration_cache_path() -> Path:

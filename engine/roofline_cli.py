@@ -46,7 +46,7 @@ def parse_int_list(text: str, option_name: str, *, minimum: int = 1) -> list[int
     return values
 
 
-def _int_option(value: Any, option_name: str, minimum: int) -> int:
+def parse_int_option(value: Any, option_name: str, minimum: int) -> int:
     # Options arrive as text from argparse (so errors get our one-line format, not
     # argparse's usage dump) and as ints from code that builds a Namespace itself.
     if isinstance(value, int) and not isinstance(value, bool):
@@ -121,7 +121,7 @@ def add_roofline_parser(subparsers: Any) -> None:
 def build_report(args: argparse.Namespace) -> RooflineReport:
     """Validate the parsed options and compute the report; raises KvscopeError."""
     prompt_lens = parse_int_list(getattr(args, "prompt_lens", DEFAULT_PROMPT_LENS), "--prompt-lens")
-    output_len = _int_option(getattr(args, "output_len", 128), "--output-len", minimum=1)
+    output_len = parse_int_option(getattr(args, "output_len", 128), "--output-len", minimum=1)
     util = _float_option(getattr(args, "gpu_memory_utilization", 0.9), "--gpu-memory-utilization")
     geom = load_geometry(getattr(args, "model", DEFAULT_MODEL), option="--model")
     hw = load_profile(

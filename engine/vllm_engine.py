@@ -46,6 +46,7 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
+from engine.listeners import StepListeners
 from engine.paths import engine_log_path
 
 GIB = 1024**3
@@ -163,7 +164,7 @@ class VllmEngine:
         self.emulation = emulation
         self.log_path = log_path or engine_log_path()
         self._card: ModelCard | None = None
-        self._listeners: list[StepListener] = []
+        self._listeners = StepListeners()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -435,11 +436,7 @@ class VllmEngine:
         )
         # Listeners first: a consumer that stops listening when its request finishes
         # must still see the step that finished it.
-        for listener in list(self._listeners):
-            try:
-                listener(sample)
-            except Exception:
-                logging.getLogger("vllm").exception("kvscope: step listener failed")
+        self._listeners.emit(sample)
         for out in outputs:
             rid = self._internal.get(out.request_id, out.request_id)
             live = self._live.get(rid)
@@ -469,13 +466,7 @@ class VllmEngine:
 
     # -- the protocol --------------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return remove
+        return self._listeners.add(listener)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         if self._dead:
