@@ -169,6 +169,34 @@ class SweepResult:
         return rows
 
 
+def make_floors(model_path: str, hardware: str, output_len: int) -> tuple[FloorFn, dict[str, Any]]:
+    """Roofline floors for the running model on `hardware` ("cpu" is this machine)."""
+    from engine.hardware import load_geometry, load_profile
+    from engine.roofline import itl_floor_s, ttft_floor_s
+
+    geom = load_geometry(model_path)
+    hw = load_profile(hardware, option="--hardware")
+
+    def floors(prompt_len: int) -> tuple[float, float]:
+        # ITL floor at the middle of the output, where the median token sits.
+        return ttft_floor_s(geom, hw, prompt_len), itl_floor_s(
+            geom, hw, prompt_len + output_len // 2
+        )
+
+    return floors, {**hw.to_dict(), "model_geometry": geom.to_dict()}
+
+
+def floors_for_card(card: Any, output_len: int) -> FloorFn | None:
+    """This machine's floors for a CPU engine's model, or None where none can be had
+    (a GPU, whose profile the user must name; a model whose config is not local)."""
+    if card is None or card.device != "cpu":
+        return None
+    try:
+        return make_floors(card.path, "cpu", output_len)[0]
+    except KvscopeError:
+        return None
+
+
 _ids = itertools.count()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.bench import FloorFn, SweepConfig, SweepResult, run_sweep
+from engine.bench import FloorFn, SweepConfig, SweepResult, make_floors, run_sweep
 from engine.errors import BadOption
 from engine.roofline_cli import parse_int_list, parse_int_option
 
@@ -82,22 +82,6 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     )
     config.validate()
     return config
-
-
-def make_floors(card_path: str, hardware: str, output_len: int) -> tuple[FloorFn, dict[str, Any]]:
-    from engine.hardware import load_geometry, load_profile
-    from engine.roofline import itl_floor_s, ttft_floor_s
-
-    geom = load_geometry(card_path)
-    hw = load_profile(hardware, option="--hardware")
-
-    def floors(prompt_len: int) -> tuple[float, float]:
-        # ITL floor at the middle of the output, where the median token sits.
-        return ttft_floor_s(geom, hw, prompt_len), itl_floor_s(
-            geom, hw, prompt_len + output_len // 2
-        )
-
-    return floors, {**hw.to_dict(), "model_geometry": geom.to_dict()}
 
 
 def render_summary(result: SweepResult, console: Console) -> None:

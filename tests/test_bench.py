@@ -166,3 +166,16 @@ def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) ->
     rows = SweepResult.rows_from_csv(csv_path.read_text())
     assert [r["prompt_len"] for r in rows] == [64, 3000, 128]
     assert "TTFT" in out.stdout and "median ITL" in out.stdout
+
+
+def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine) -> None:
+    from engine.bench import floors_for_card
+
+    floors = floors_for_card(vllm_engine.card, output_len=16)
+    assert floors is not None
+    ttft_512, itl_512 = floors(512)
+    ttft_4096, itl_4096 = floors(4096)
+    assert 0 < ttft_512 < ttft_4096 and ttft_4096 > 8 * ttft_512  # attention adds to 8x
+    assert 0 < itl_512 < itl_4096 < 2 * itl_512  # KV reads add a little to the weights
+    fake = FakeEngine()
+    assert floors_for_card(fake.start(), output_len=16) is None

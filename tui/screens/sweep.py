@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -16,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, ProgressBar, Static
 
-from engine.bench import SweepConfig, SweepPoint, SweepResult, run_sweep
+from engine.bench import SweepConfig, SweepPoint, SweepResult, floors_for_card, run_sweep
 from engine.errors import KvscopeError
 from engine.events import ModelCard
 from engine.protocol import Engine
@@ -154,7 +155,8 @@ class SweepScreen(Screen[None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns(
-            "prompt", "TTFT mean", "TTFT p99", "ITL median", "ITL p99", "tok/s", "result"
+            "prompt", "TTFT mean", "TTFT p99", "ITL median", "ITL p99", "tok/s",
+            "TTFT % floor", "ITL % floor", "result",
         )
         self.set_interval(1 / 10, self._redraw)
         self.sub_title = "prompt-length sweep"
@@ -216,7 +218,15 @@ class SweepScreen(Screen[None]):
     @work(group="sweep", exclusive=True, exit_on_error=False)
     async def _run(self, config: SweepConfig) -> None:
         try:
-            await run_sweep(self.engine, config, on_point=self._point, on_progress=self._progress)
+            # The CPU's calibration takes a few seconds the first time: off the loop.
+            floors = await asyncio.to_thread(floors_for_card, self.engine.card, config.output_len)
+            await run_sweep(
+                self.engine,
+                config,
+                on_point=self._point,
+                on_progress=self._progress,
+                floors=floors,
+            )
         except KvscopeError as exc:
             self._status(exc.plain(), error=True)
         except Exception as exc:
@@ -252,6 +262,8 @@ class SweepScreen(Screen[None]):
             f("median_itl_ms"),
             f("p99_itl_ms"),
             f("output_throughput"),
+            f("ttft_pct_of_floor"),
+            f("itl_pct_of_floor"),
             result,
         )
 
