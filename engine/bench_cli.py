@@ -23,11 +23,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="prompt-length sweep: TTFT, ITL, TPOT, E2EL per length",
+        usage="kvscope bench [options] [vLLM engine flags]",
         description=(
-            "Measure TTFT, ITL, TPOT and end-to-end latency at each prompt length, like "
-            "`vllm bench latency` with exact-length synthetic prompts that ignore EOS. "
-            "Each measured point is shown next to its roofline floor for the hardware. "
-            "Any vLLM engine flag may follow."
+            "Measure TTFT, ITL, TPOT and end-to-end latency at each prompt length, like\n"
+            "`vllm bench latency`, with exact-length synthetic prompts that ignore EOS.\n"
+            "Each measured point is shown next to its roofline floor for the hardware.\n"
+            "Any vLLM engine flag may follow (`kvscope engine-help` lists them)."
         ),
         epilog=(
             "examples:\n"

@@ -24,9 +24,11 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate",
         help="run one request headless and print its timings",
+        usage="kvscope generate [options] [vLLM engine flags]",
         description=(
-            "Send one request to the engine and report TTFT, every inter-token latency, "
-            "and what each engine step did. Engine flags (any vLLM flag) may follow."
+            "Send one request to the engine and report TTFT, every inter-token latency,\n"
+            "and what each engine step did. Any vLLM engine flag may follow\n"
+            "(`kvscope engine-help` lists them)."
         ),
         epilog=(
             "examples:\n"
