@@ -52,6 +52,14 @@ class ModelCardView(Widget):
         table.add_row(
             "KV / token", f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)"
         )
-        if card.emulation is not None:
-            table.add_row("", Text(card.emulation.label, style("model-card--emulation")))
+        emu = card.emulation
+        if emu is not None:
+            # Both geometries side by side: the model that runs here, and the one whose
+            # pool on the emulated GPU sets the walls.
+            table.add_row("", Text(emu.label, style("model-card--emulation")))
+            table.add_row(
+                "emulated KV",
+                f"{fmt.size(emu.kv_bytes_per_token)} ({emu.kv_bytes_per_token:,} B) / token",
+            )
+            table.add_row("emulated pool", f"{fmt.tokens(emu.pool_tokens)} tokens")
         return table
