@@ -31,6 +31,7 @@ from engine.events import (
     TokenEvent,
 )
 from engine.listeners import StepListeners
+from engine.relay import relay
 
 REPLY = [
     "The",
@@ -237,13 +238,8 @@ class FakeEngine:
         self._ensure_loop()
         yield RequestAccepted(request.request_id, len(ids), live.submitted_at)
         try:
-            while True:
-                item = await live.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if isinstance(item, RequestFinished):
-                    return
+            async for event in relay(live.queue):
+                yield event
         finally:
             if not live.aborted and request.request_id in self._by_id:
                 # The consumer walked away: treat it as an abort so blocks come back.

@@ -48,6 +48,7 @@ from engine.events import (
 )
 from engine.listeners import StepListeners
 from engine.paths import engine_log_path
+from engine.relay import relay
 
 GIB = 1024**3
 _SENTINEL = "\x00kvscope-sentinel\x00"
@@ -485,18 +486,11 @@ class VllmEngine:
         live = _Live(request, ids, asyncio.get_running_loop(), asyncio.Queue())
         self._live[request.request_id] = live
         self._commands.put(("add", live))
-        finished = False
         try:
-            while True:
-                item = await live.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if isinstance(item, RequestFinished):
-                    finished = True
-                    return
+            async for event in relay(live.queue):
+                yield event
         finally:
-            if not finished and not live.done:
+            if not live.done:
                 # The consumer stopped listening: give the blocks back.
                 self.abort(request.request_id)
 

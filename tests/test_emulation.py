@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from subprocess_report import run_and_report
 
 from engine.emulation import plan_emulation
 from engine.errors import BadOption
 from engine.hardware import load_geometry, load_profile
 from engine.roofline import emulated_pool_tokens
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_plan_asks_for_the_predicted_pool() -> None:
@@ -59,16 +52,6 @@ def test_real_engine_pool_matches_the_emulated_gpu_within_one_block() -> None:
         " 'want': plan.info.pool_tokens, 'label': card.emulation.label}))\n"
         "e.shutdown()\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
-    )
-    line = next((x for x in out.stdout.splitlines() if x.startswith("CARD")), None)
-    assert line is not None, out.stderr[-3000:]
-    card = json.loads(line[4:])
+    card = run_and_report(script, "CARD")
     assert abs(card["pool"] - card["want"]) <= card["bs"], card
     assert card["label"].startswith("emulating L4")

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from subprocess_report import run_and_report
 
 SCRIPT = """
 import asyncio, json
@@ -57,17 +51,7 @@ print('REPORT' + json.dumps(report))
 
 
 def test_engine_death_is_reported_and_a_restart_works() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
-    )
-    line = next((x for x in out.stdout.splitlines() if x.startswith("REPORT")), None)
-    assert line is not None, out.stderr[-3000:]
-    report = json.loads(line[6:])
+    report = run_and_report(SCRIPT, "REPORT")
     assert report["before"] == 8
     assert "simulated device fault" in report["doomed"]
     assert report["doomed"].startswith("The engine stopped: RuntimeError")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_report import run_and_report
 
 from engine.errors import ModelNotFound, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
@@ -82,23 +83,13 @@ def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
         f"'{64 * 1024**2}'])\n"
         "try:\n"
         "    e.start()\n"
-        "    print('STARTED')\n"
+        "    print('ERR' + json.dumps({'started': True}))\n"
         "except KvPoolTooSmall as x:\n"
         "    print('ERR' + json.dumps({'needed': x.needed_bytes, 'available': x.available_bytes,"
         " 'est': x.estimated_max_len, 'len': x.max_model_len, 'plain': x.plain()}))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"},
-    )
-    line = next((x for x in out.stdout.splitlines() if x.startswith(("ERR", "STARTED"))), None)
-    assert line is not None, out.stderr[-3000:]
-    assert line.startswith("ERR"), line
-    data = json.loads(line[3:])
+    data = run_and_report(script, "ERR")
+    assert "started" not in data, "the engine started with a pool too small for one request"
     # 8,192 tokens x 23,040 bytes (SmolLM2 in bf16) = 188,743,680 bytes.
     assert data["needed"] == 8192 * 23040
     assert data["available"] == 64 * 1024**2
