@@ -1,5 +1,5 @@
 # Two commands for a fresh machine: `make run` and `make test`. Both set up on first use.
-.PHONY: setup run test lint bench fresh-check
+.PHONY: setup run test test-fast lint bench
 
 setup:
 	@bash scripts/setup.sh
@@ -7,10 +7,18 @@ setup:
 run: setup
 	@.venv/bin/kvscope $(ARGS)
 
-test: setup
+lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports
+
+test: lint
 	.venv/bin/pytest -q $(PYTEST_ARGS)
+
+# Everything but the tests that start vLLM: the UI, the fake engine, the roofline.
+test-fast: lint
+	.venv/bin/pytest -q -m "not engine" $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/ui_lag.py

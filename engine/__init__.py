@@ -1,4 +1,6 @@
-"""kvscope's engine layer: vLLM and everything about inference, with no UI in it.
+"""The engine boundary: one protocol, the events and errors that cross it, and the engines.
 
-Nothing in this package imports Textual or `tui`; tests/test_boundary.py checks it.
+`engine/vllm/` runs vLLM in this process; `engine/remote/` attaches to a running vLLM
+server; `engine/fake.py` is the scripted engine for UI tests. Nothing here imports Textual
+or `tui`, and only `engine/vllm/` imports vLLM (import-linter contracts in pyproject.toml).
 """

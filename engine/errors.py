@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-GIB = 1024**3
+from engine.sizes import GIB
 
 
 def _gib(n: float) -> str:
@@ -110,3 +110,71 @@ class BadOption(KvscopeError):
 
     def plain(self) -> str:
         return f"Bad value for {self.option}: {self.reason}"
+
+
+class RequestRejected(KvscopeError):
+    """The running engine refused one request; the engine itself goes on."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(request_id, reason)
+        self.request_id = request_id
+        self.reason = reason
+
+    def plain(self) -> str:
+        return f"The engine refused this request: {self.reason}. The engine is still running."
+
+
+class ServerUnreachable(KvscopeError):
+    """No vLLM server answered at the URL (refused, timed out, name unknown, TLS)."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        super().__init__(url, detail)
+        self.url = url
+        self.detail = detail
+
+    def plain(self) -> str:
+        why = f" ({self.detail})" if self.detail else ""
+        return (
+            f"No vLLM server answers at {self.url}{why}. Check that it is running and that "
+            "the URL, port and http/https are right, then retry."
+        )
+
+
+class AuthRequired(KvscopeError):
+    """The server answered 401 or 403: it wants an API key, or refused the one sent."""
+
+    def __init__(self, url: str, status: int = 401, key_sent: bool = False) -> None:
+        super().__init__(url, status, key_sent)
+        self.url = url
+        self.status = status
+        self.key_sent = key_sent
+
+    def plain(self) -> str:
+        if self.key_sent:
+            return (
+                f"The server at {self.url} wants an API key and refused the one sent "
+                f"(HTTP {self.status}). Pass the server's --api-key value with --api-key or "
+                "VLLM_API_KEY."
+            )
+        return (
+            f"The server at {self.url} wants an API key (HTTP {self.status}). Pass it with "
+            "--api-key, or set VLLM_API_KEY or OPENAI_API_KEY."
+        )
+
+
+class ConnectionLost(KvscopeError):
+    """The connection to the server broke while a reply was streaming."""
+
+    def __init__(self, tokens_received: int, url: str = "", detail: str = "") -> None:
+        super().__init__(tokens_received, url, detail)
+        self.tokens_received = tokens_received
+        self.url = url
+        self.detail = detail
+
+    def plain(self) -> str:
+        where = f" to {self.url}" if self.url else ""
+        why = f" ({self.detail})" if self.detail else ""
+        return (
+            f"Connection{where} lost after {self.tokens_received:,} tokens{why}. The reply so "
+            "far is kept; the next request reconnects once the server is back."
+        )

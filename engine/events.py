@@ -6,9 +6,21 @@ object leaves `engine/`.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+"""Why a request ended: a stop token or string, max_tokens reached, or aborted."""
+
+EngineState = Literal["loading", "ready", "failed", "dead"]
+"""An engine's life: loading (start() runs), ready, failed (start() raised), dead (it
+stopped after being ready). `tui/format.py` is the one place that turns it into words."""
+
+WallKind = Literal["context", "pool", "concurrency"]
+"""The walls the prompt-length slider draws: max_model_len, the KV pool, requests at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +77,41 @@ class TokenEvent:
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
     request_id: str
-    reason: str  # "stop", "length" or "abort"
+    reason: FinishReason
     prompt_tokens: int
     output_tokens: int
     ttft_s: float | None
     itl_s: tuple[float, ...]
     e2e_s: float
     preemptions: int = 0
+    # What the server itself measured, when the engine is a remote vLLM server that
+    # sends per-request metrics (`--enable-per-request-metrics`); None otherwise.
+    server: ServerTimings | None = None
+
+    @classmethod
+    def from_times(
+        cls,
+        request_id: str,
+        reason: FinishReason,
+        *,
+        prompt_tokens: int,
+        submitted_at: float,
+        token_times: Sequence[float],
+        now: float,
+        preemptions: int = 0,
+    ) -> RequestFinished:
+        """The one way every engine sums up a request: all times from `submitted_at`, the
+        moment the caller asked, and one arrival time per output token."""
+        return cls(
+            request_id=request_id,
+            reason=reason,
+            prompt_tokens=prompt_tokens,
+            output_tokens=len(token_times),
+            ttft_s=(token_times[0] - submitted_at) if token_times else None,
+            itl_s=tuple(b - a for a, b in itertools.pairwise(token_times)),
+            e2e_s=(token_times[-1] if token_times else now) - submitted_at,
+            preemptions=preemptions,
+        )
 
 
 EngineEvent = RequestAccepted | TokenEvent | RequestFinished
@@ -137,6 +177,9 @@ class ModelCard:
     total_blocks: int
     device: str
     emulation: EmulationInfo | None = None
+    # Names of the fields above this engine could not know (a remote server does not
+    # tell its layer count, head geometry or dtype): those read 0 or "unknown".
+    unknown: tuple[str, ...] = ()
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -156,3 +199,162 @@ class LoadProgress:
 
 ProgressCallback = Callable[[LoadProgress], None]
 StepListener = Callable[[StepSample], None]
+
+
+# -- a remote vLLM server (engine/remote/) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTimings:
+    """What a vLLM server measured for one request (its per-request `metrics` object).
+
+    The server's TTFT runs from when the request was scheduled to its first token, so it
+    leaves out queueing and the network; the client's own TTFT (RequestFinished.ttft_s)
+    includes both.
+    """
+
+    ttft_s: float | None
+    mean_itl_s: float | None
+    queue_s: float | None
+    generation_s: float | None  # first output token to last
+    tokens_per_s: float | None
+    cached_prompt_tokens: int | None = None  # prefix-cache hit, when the server says
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramDelta:
+    """A server histogram's counts since the client attached (Prometheus buckets)."""
+
+    name: str
+    buckets: tuple[tuple[float, int], ...]  # (upper bound `le`, cumulative count)
+    count: int
+    total: float  # sum of the observed values
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear within the bucket that holds rank q."""
+        if not self.count or not self.buckets:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0
+        for le, cumulative in self.buckets:
+            if cumulative >= rank:
+                if math.isinf(le):
+                    return lower
+                inside = cumulative - below
+                if inside <= 0:
+                    return le
+                return lower + (le - lower) * (rank - below) / inside
+            lower, below = le, cumulative
+        return lower
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRow:
+    """One engine (data-parallel rank, the `engine` label) in one /metrics scrape."""
+
+    engine: str
+    running: int
+    waiting: int
+    waiting_by_reason: tuple[tuple[str, int], ...]
+    kv_usage: float  # 0..1
+    used_blocks: int  # kv_usage × total_blocks, rounded
+    total_blocks: int
+    preemptions: int  # since attach
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
+    prefix_cache_hit_rate: float | None  # since attach; None before any lookup
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSample:
+    """A remote server's state from one /metrics scrape: the remote StepSample.
+
+    A remote engine has no visible steps. Token counts are counter deltas between two
+    scrapes, not one step's prefill/decode split.
+    """
+
+    seq: int
+    time_s: float  # when the scrape arrived, on the client's perf_counter clock
+    interval_s: float  # since the previous scrape
+    rows: tuple[EngineRow, ...]  # one per `engine` label
+    running: int
+    waiting: int
+    waiting_by_reason: tuple[tuple[str, int], ...]
+    kv_usage: float
+    used_blocks: int
+    total_blocks: int
+    block_size: int
+    preemptions: int  # since attach
+    new_preemptions: int  # since the previous scrape
+    prompt_tokens: int  # since the previous scrape
+    generation_tokens: int  # since the previous scrape
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
+    prefix_cache_hit_rate: float | None  # since attach
+    ttft: HistogramDelta
+    itl: HistogramDelta
+    queue_time: HistogramDelta
+    e2e: HistogramDelta
+    server_restarted: bool = False  # counters went back: deltas now run from the restart
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """One full KV block in a remote server's prefix cache, known from its KV events.
+
+    Addressed by vLLM's block hash: the server never sends a physical block ID.
+    """
+
+    block_hash: int | bytes
+    parent_hash: int | bytes | None
+    num_tokens: int
+    session_id: str | None  # the session whose request stored it first
+    touched_by: tuple[str, ...]  # every session that stored or re-used it, in order
+    rank: int  # data-parallel rank
+    stored_at: float  # perf_counter when the event arrived
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheView:
+    """The prefix-cache index rebuilt from KV events, at one moment."""
+
+    blocks: tuple[CachedBlock, ...]  # in the order they were stored
+    stored_total: int  # BlockStored blocks since attach
+    reused_total: int  # blocks stored again by a later request (a prefix-cache hit)
+    removed_total: int  # BlockRemoved blocks since attach (a lower bound on evictions)
+    cleared: int  # AllBlocksCleared events
+    batches: int  # event batches applied
+    replayed: int  # batches recovered through the replay socket
+    missed: int  # batches lost to a gap that replay could not fill
+    receiving: bool  # at least one batch arrived
+    note: str  # one sentence: what the index shows, or how to turn events on
+
+    def by_session(self) -> dict[str | None, int]:
+        counts: dict[str | None, int] = {}
+        for b in self.blocks:
+            counts[b.session_id] = counts.get(b.session_id, 0) + 1
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCapabilities:
+    """What a remote engine can show right now; panels read it to say what they cannot."""
+
+    url: str
+    reachable: bool
+    metrics: bool
+    metrics_note: str  # "" when metrics flow, else why not, in one sentence
+    kv_events: bool
+    kv_events_note: str
+    server_timings: bool | None  # per-request metrics seen; None before any request ended
+    exact_steps: bool = False
+    physical_block_ids: bool = False
+    per_step_split: bool = False
+    notes: tuple[str, ...] = ()  # the limits of a remote view, one sentence each
+
+
+ScrapeListener = Callable[[ScrapeSample], None]

@@ -19,6 +19,7 @@ from engine.errors import EngineDied, PromptTooLong
 from engine.events import (
     ChatMessage,
     EngineEvent,
+    FinishReason,
     GenerationRequest,
     LoadProgress,
     ModelCard,
@@ -32,6 +33,7 @@ from engine.events import (
 )
 from engine.listeners import StepListeners
 from engine.relay import relay
+from engine.sizes import kv_bytes_per_token
 
 REPLY = [
     "The",
@@ -193,7 +195,7 @@ class FakeEngine:
             num_layers=c.num_layers,
             num_kv_heads=c.num_kv_heads,
             head_dim=c.head_dim,
-            kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * 2,
+            kv_bytes_per_token=kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, 2),
             max_model_len=c.max_model_len,
             block_size=c.block_size,
             total_blocks=c.total_blocks,
@@ -298,21 +300,17 @@ class FakeEngine:
         live.blocks.clear()
         live.computed = 0
 
-    def _finish(self, live: _Live, reason: str) -> None:
+    def _finish(self, live: _Live, reason: FinishReason) -> None:
         self._release(live)
         self._by_id.pop(live.request.request_id, None)
-        times = live.token_times
-        itl = tuple(b - a for a, b in itertools.pairwise(times))
-        end = times[-1] if times else self.clock.now()
         live.queue.put_nowait(
-            RequestFinished(
-                request_id=live.request.request_id,
-                reason=reason,
+            RequestFinished.from_times(
+                live.request.request_id,
+                reason,
                 prompt_tokens=len(live.prompt_ids),
-                output_tokens=len(live.output),
-                ttft_s=(times[0] - live.submitted_at) if times else None,
-                itl_s=itl,
-                e2e_s=end - live.submitted_at,
+                submitted_at=live.submitted_at,
+                token_times=live.token_times,
+                now=self.clock.now(),
                 preemptions=live.preemptions,
             )
         )

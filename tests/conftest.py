@@ -11,10 +11,17 @@ import pytest
 ENGINE_ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that uses the session engine runs vLLM; `make test-fast` skips them.
+    for item in items:
+        if "vllm_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)
+
+
 @pytest.fixture(scope="session")
 def vllm_engine() -> Iterator[object]:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from engine.vllm_engine import VllmEngine
+    from engine.vllm.engine import VllmEngine
 
     engine = VllmEngine(argv=ENGINE_ARGV)
     engine.start()

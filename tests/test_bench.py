@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import SweepConfig, SweepResult, run_sweep
+from bench.sweep import SweepConfig, SweepResult, run_sweep
 from engine.errors import BadOption
 from engine.fake import FakeConfig, FakeEngine
 
@@ -128,6 +128,7 @@ def test_bad_bench_flags_fail_in_one_line_before_the_engine_starts(flags: list[s
     assert len(lines) == 1 and lines[0].startswith("kvscope: Bad value for --"), lines
 
 
+@pytest.mark.engine
 def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) -> None:
     json_path, csv_path = tmp_path / "out.json", tmp_path / "out.csv"
     out = subprocess.run(
@@ -169,7 +170,7 @@ def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) ->
 
 
 def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine) -> None:
-    from engine.bench import floors_for_card
+    from bench.sweep import floors_for_card
 
     floors = floors_for_card(vllm_engine.card, output_len=16)
     assert floors is not None

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from subprocess_report import run_and_report
 
-from engine.emulation import plan_emulation
 from engine.errors import BadOption
-from engine.hardware import load_geometry, load_profile
-from engine.roofline import emulated_pool_tokens
+from roofline.emulation import plan_emulation
+from roofline.hardware import load_geometry, load_profile
+from roofline.model import emulated_pool_tokens
 
 
 def test_plan_asks_for_the_predicted_pool() -> None:
@@ -40,11 +40,12 @@ def test_conflicting_pool_flag_is_refused() -> None:
         plan_emulation("l4", "qwen2.5-7b-instruct", ["--kv-cache-memory-bytes", "1000"])
 
 
+@pytest.mark.engine
 def test_real_engine_pool_matches_the_emulated_gpu_within_one_block() -> None:
     script = (
         "import json\n"
-        "from engine.emulation import plan_emulation\n"
-        "from engine.vllm_engine import VllmEngine\n"
+        "from roofline.emulation import plan_emulation\n"
+        "from engine.vllm.engine import VllmEngine\n"
         "plan = plan_emulation('l4', 'qwen2.5-7b-instruct', ['--max-model-len', '2048'])\n"
         "e = VllmEngine(argv=plan.engine_argv, emulation=plan.info)\n"
         "card = e.start()\n"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from subprocess_report import run_and_report
+
+pytestmark = pytest.mark.engine
 
 SCRIPT = """
 import asyncio, json
 from engine.errors import EngineDied
 from engine.events import GenerationRequest, SamplingSettings, RequestFinished
-from engine.vllm_engine import VllmEngine
+from engine.vllm.engine import VllmEngine
 
 ARGV = ['--max-model-len', '1024', '--kv-cache-memory-bytes', str(32 * 1024**2)]
 engine = VllmEngine(argv=ARGV)
@@ -22,6 +25,11 @@ async def one(rid, n=8):
     async for ev in engine.stream(GenerationRequest(rid, prompt_token_ids=ids, sampling=sampling)):
         last = ev
     return last
+
+def die_soon(_engine):
+    import time
+    time.sleep(1.0)  # the request below is queued by now, not yet registered
+    raise RuntimeError('simulated fault before registration')
 
 def boom(_engine):
     def step():
@@ -45,6 +53,21 @@ async def main():
 asyncio.run(main())
 engine.start()   # restart in the same process
 report['restarted'] = asyncio.run(one('again')).output_tokens
+
+async def queued_behind_death():
+    # The engine dies while this request waits in the command queue, before the step
+    # thread registers it: the reply must still end, with the cause.
+    engine.synthetic_prompt(64)  # warm the filler cache: stream() must enqueue at once
+    engine._commands.put(('call', die_soon))
+    try:
+        await asyncio.wait_for(one('queued'), timeout=60)
+        return 'finished?!'
+    except EngineDied as exc:
+        return exc.plain()
+    except asyncio.TimeoutError:
+        return 'hung'
+
+report['queued'] = asyncio.run(queued_behind_death())
 engine.shutdown()
 print('REPORT' + json.dumps(report))
 """
@@ -57,3 +80,4 @@ def test_engine_death_is_reported_and_a_restart_works() -> None:
     assert report["doomed"].startswith("The engine stopped: RuntimeError")
     assert report["after"] == "refused"
     assert report["restarted"] == 8
+    assert "simulated fault before registration" in report["queued"]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import hardware
+from cli.roofline import add_roofline_parser, parse_int_list, run_roofline
 from engine.errors import BadOption
-from engine.hardware import (
+from roofline import hardware
+from roofline.hardware import (
     calibrate_cpu,
     calibration_cache_path,
     known_gpus,
@@ -20,7 +21,7 @@ from engine.hardware import (
     load_geometry,
     load_profile,
 )
-from engine.roofline import (
+from roofline.model import (
     GIB,
     HardwareProfile,
     ModelGeometry,
@@ -37,7 +38,6 @@ from engine.roofline import (
     ttft_bound,
     ttft_floor_s,
 )
-from engine.roofline_cli import add_roofline_parser, parse_int_list, run_roofline
 
 L4_BYTES = 23_034 * 1024**2  # nvidia-smi's memory.total for an L4
 

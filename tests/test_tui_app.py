@@ -481,7 +481,9 @@ async def test_demo_mode_saves_a_screenshot(tmp_path) -> None:  # type: ignore[n
 
     fast = FakeConfig(decode_step_s=0.002, prefill_base_s=0.001)
     app = make_app(engine=FakeEngine(fast, clock=RealClock()))
-    app.demo = True
+    from cli.demo import run_demo
+
+    app.script = run_demo
     app.screenshot_path = str(tmp_path / "demo.svg")
     started = time.monotonic()
     async with app.run_test(size=WIDE) as pilot:

@@ -1,4 +1,4 @@
-"""The sweep screen: runs engine.bench.run_sweep on the fake, plots and exports points."""
+"""The sweep screen: runs bench.sweep.run_sweep on the fake, plots and exports points."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from textual.widgets import DataTable, Input
 from tui_helpers import engine_ready, make_app, tui_config_dir, wait_until
 
-from engine.bench import SweepConfig, SweepPoint, SweepResult
+from bench.sweep import SweepConfig, SweepPoint, SweepResult
 from engine.events import ModelCard
 from tui.screens.sweep import SweepScreen, default_prompt_lens, parse_lens, sweep_figures
 from tui.widgets.plot import Plot

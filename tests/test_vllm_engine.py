@@ -62,8 +62,9 @@ async def test_vllm_refusal_maps_to_prompt_too_long(vllm_engine) -> None:
     assert info.value.max_model_len == card.max_model_len  # read from vLLM's message
 
 
+@pytest.mark.engine
 def test_bad_model_path_is_model_not_found() -> None:
-    from engine.vllm_engine import VllmEngine
+    from engine.vllm.engine import VllmEngine
 
     engine = VllmEngine(argv=["--model", "/nonexistent/kvscope-model"])
     with pytest.raises(ModelNotFound) as info:
@@ -72,13 +73,14 @@ def test_bad_model_path_is_model_not_found() -> None:
     assert "/nonexistent/kvscope-model" in info.value.plain()
 
 
+@pytest.mark.engine
 def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
     # A separate process: a failed start-up leaves vLLM state we do not want in the
     # session that holds the shared engine.
     script = (
         "import json\n"
         "from engine.errors import KvPoolTooSmall\n"
-        "from engine.vllm_engine import VllmEngine\n"
+        "from engine.vllm.engine import VllmEngine\n"
         "e = VllmEngine(argv=['--max-model-len', '8192', '--kv-cache-memory-bytes', "
         f"'{64 * 1024**2}'])\n"
         "try:\n"
@@ -99,6 +101,7 @@ def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
     assert "8,192" in data["plain"] and "67,108,864" in data["plain"]
 
 
+@pytest.mark.engine
 def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     out = subprocess.run(
@@ -158,6 +161,7 @@ def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
     assert "2,048" in bad.stderr
 
 
+@pytest.mark.engine
 def test_bad_model_cli_is_one_plain_line() -> None:
     out = subprocess.run(
         [KVSCOPE, "generate", "--prompt", "hi", "--model", "./no/such/model"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path, PurePath
 from typing import ClassVar
 
@@ -33,8 +33,8 @@ class KvscopeApp(App[int]):
     Args:
         engine: What to drive; only its `Engine` protocol is used.
         settings: Remembered choices; read from the user's config folder when None.
-        demo: Run the scripted demo (a chat turn, then two concurrent synthetic prompts)
-            once the engine is ready; `screenshot_path` then saves an SVG and exits.
+        script: A start-up script, run as a worker once the app is mounted (the CLI's
+            scripted demo is one); it drives the app as a user would.
     """
 
     TITLE = "kvscope"
@@ -51,12 +51,16 @@ class KvscopeApp(App[int]):
     ]
 
     def __init__(
-        self, engine: Engine, settings: AppSettings | None = None, *, demo: bool = False
+        self,
+        engine: Engine,
+        settings: AppSettings | None = None,
+        *,
+        script: Callable[[KvscopeApp], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.settings = settings if settings is not None else AppSettings.load()
-        self.demo = demo
+        self.script = script
         self.screenshot_path: str | None = None
         self.telemetry = Telemetry()
         self.renderer = PlotRenderer()
@@ -99,10 +103,8 @@ class KvscopeApp(App[int]):
         if self.settings.problem:
             self.notify(self.settings.problem, title="Settings", severity="warning")
         self.theme_changed_signal.subscribe(self, self._remember_theme)
-        if self.demo:
-            from tui.demo import run_demo
-
-            self.run_worker(run_demo(self), group="demo", exit_on_error=False)
+        if self.script is not None:
+            self.run_worker(self.script(self), group="script", exit_on_error=False)
 
     def on_unmount(self) -> None:
         self.renderer.close()
@@ -150,21 +152,22 @@ class KvscopeApp(App[int]):
 
 
 def run_tui(
-    engine: Engine, *, screenshot: str | None = None, size: tuple[int, int] = (160, 48)
+    engine: Engine,
+    *,
+    script: Callable[[KvscopeApp], Awaitable[None]] | None = None,
+    screenshot: str | None = None,
+    size: tuple[int, int] = (160, 48),
 ) -> int:
     """Run the app until the user quits; returns the process exit code.
 
-    With `screenshot`, run headless at `size` instead: start the engine, play the scripted
-    demo, save an SVG to that path and exit (1 if the engine did not start).
-    The engine is shut down on the way out either way.
+    With `screenshot`, run headless at `size` instead, with `script` driving the app; the
+    script saves an SVG to `app.screenshot_path` and exits. The engine belongs to the
+    caller, which shuts it down.
     """
-    app = KvscopeApp(engine, demo=screenshot is not None)
+    app = KvscopeApp(engine, script=script)
     app.screenshot_path = screenshot
     app.manage_gc = True
-    try:
-        result = app.run(headless=True, size=size) if screenshot is not None else app.run()
-    finally:
-        engine.shutdown()
+    result = app.run(headless=True, size=size) if screenshot is not None else app.run()
     if app.return_code not in (None, 0):
         return app.return_code
     return result or 0

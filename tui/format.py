@@ -2,6 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from engine.events import EngineState
+
+StatePlace = Literal["refusal", "card", "panel"]
+
+# The one place an engine state becomes words, for each place that shows it.
+_STATE_WORDS: dict[StatePlace, dict[EngineState, str]] = {
+    "refusal": {
+        "loading": "The engine is still loading; your message is kept.",
+        "ready": "",
+        "failed": "The engine is not running: ctrl+r tries to start it again.",
+        "dead": "The engine stopped: ctrl+r restarts it.",
+    },
+    "card": {
+        "loading": "loading…",
+        "ready": "loading…",
+        "failed": "no model: the engine did not start",
+        "dead": "no model: the engine stopped",
+    },
+    "panel": {
+        "loading": "Engine loading… the plots start with the first step.",
+        "ready": "",
+        "failed": "The engine did not start (see the chat pane).",
+        "dead": "The engine stopped (see the chat pane).",
+    },
+}
+
+
+def state_words(state: EngineState, place: StatePlace) -> str:
+    """What `place` says about an engine in `state`."""
+    return _STATE_WORDS[place][state]
+
 
 def tokens(n: int) -> str:
     """1,536 (thousands separated, as the errors print them)."""
@@ -18,15 +51,6 @@ def ms(seconds: float | None) -> str:
     if value >= 10:
         return f"{value:.1f} ms"
     return f"{value:.2f} ms"
-
-
-def ms_value(value_ms: float) -> str:
-    """A number already in milliseconds, without the unit."""
-    if value_ms >= 100:
-        return f"{value_ms:,.0f}"
-    if value_ms >= 10:
-        return f"{value_ms:.1f}"
-    return f"{value_ms:.2f}"
 
 
 def size(num_bytes: float) -> str:

@@ -17,6 +17,7 @@ from textual.widgets import Footer, Header, Input, Tab, Tabs
 
 from engine.errors import EngineDied, EngineStartFailed, KvscopeError, PromptTooLong
 from engine.events import (
+    EngineState,
     GenerationRequest,
     LoadProgress,
     ModelCard,
@@ -26,6 +27,7 @@ from engine.events import (
     TokenEvent,
 )
 from engine.protocol import Engine
+from tui import format as fmt
 from tui.conversation import Conversation
 from tui.gc_pauses import GcPolicy
 from tui.messages import EngineFailed, EngineProgressed, EngineReady, StepSampled
@@ -56,8 +58,8 @@ class MainScreen(Screen[None]):
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),
     ]
 
-    engine_state: reactive[str] = reactive("loading")
-    """"loading", "ready", "failed" (start-up failed) or "dead" (stopped while running)."""
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading")
+    """Where the engine is in its life (see `engine.events.EngineState`)."""
     card: reactive[ModelCard | None] = reactive(None)
     """The loaded model."""
     busy: reactive[bool] = reactive(False)
@@ -210,12 +212,7 @@ class MainScreen(Screen[None]):
         Returns False when nothing was sent (engine not ready, or a reply still streaming).
         """
         if self.engine_state != "ready":
-            why = {
-                "loading": "The engine is still loading; your message is kept.",
-                "failed": "The engine is not running: ctrl+r tries to start it again.",
-                "dead": "The engine stopped: ctrl+r restarts it.",
-            }[self.engine_state]
-            self.notify(why, severity="warning")
+            self.notify(fmt.state_words(self.engine_state, "refusal"), severity="warning")
             return False
         if self.busy:
             self.notify("A reply is still streaming: Esc stops it.", severity="warning")

@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, ProgressBar, Static
 
-from engine.bench import SweepConfig, SweepPoint, SweepResult, floors_for_card, run_sweep
+from bench.sweep import SweepConfig, SweepPoint, SweepResult, floors_for_card, run_sweep
 from engine.errors import KvscopeError
 from engine.events import ModelCard
 from engine.protocol import Engine
@@ -77,7 +77,7 @@ def sweep_figures(points: list[SweepPoint]) -> tuple[Figure | None, Figure | Non
 
 
 class SweepScreen(Screen[None]):
-    """Runs `engine.bench.run_sweep` in a worker; points are drawn as they come in."""
+    """Runs `bench.sweep.run_sweep` in a worker; points are drawn as they come in."""
 
     CSS_PATH = "sweep.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -155,8 +155,15 @@ class SweepScreen(Screen[None]):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns(
-            "prompt", "TTFT mean", "TTFT p99", "ITL median", "ITL p99", "tok/s",
-            "TTFT % floor", "ITL % floor", "result",
+            "prompt",
+            "TTFT mean",
+            "TTFT p99",
+            "ITL median",
+            "ITL p99",
+            "tok/s",
+            "TTFT % floor",
+            "ITL % floor",
+            "result",
         )
         self.set_interval(1 / 10, self._redraw)
         self.sub_title = "prompt-length sweep"

@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Input, Static
 
+from engine.events import EngineState
 from tui.widgets.engine_status import EngineStatus
 from tui.widgets.reply_block import ReplyBlock
 
@@ -24,7 +25,7 @@ EMPTY_HINT = (
 class ChatPane(Vertical):
     """Transcript (append-only, anchored to the bottom) above a one-line message box."""
 
-    engine_state: reactive[str] = reactive("loading")
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading")
     """Bound from the screen; the status banner shows it."""
     busy: reactive[bool] = reactive(False)
     """A reply is streaming."""

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Static, Switch
 
-from engine.events import ModelCard, SamplingSettings
+from engine.events import EngineState, ModelCard, SamplingSettings
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import PromptLengthSlider
@@ -26,7 +26,7 @@ class ControlsPanel(VerticalScroll):
 
     card: reactive[ModelCard | None] = reactive(None)
     """The loaded model, or None while loading."""
-    engine_state: reactive[str] = reactive("loading")
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading")
     """Bound from the screen, passed to the model card."""
 
     @dataclass

@@ -10,8 +10,9 @@ from textual.containers import Grid, Vertical
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from engine.events import ModelCard, StepSample
+from engine.events import EngineState, ModelCard, StepSample
 from tui import figures
+from tui import format as fmt
 from tui.plotting import PlotRenderer
 from tui.telemetry import Telemetry
 from tui.widgets.kv_block_map import KvBlockMap
@@ -33,7 +34,7 @@ def step_line(sample: StepSample | None, preemptions_total: int) -> str:
 class EnginePanel(Vertical):
     """Draws from the telemetry buffers when `redraw()` is called (by a timer)."""
 
-    engine_state: reactive[str] = reactive("loading")
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading")
     """Bound from the screen: the panel says "loading" until the engine is ready."""
     card: reactive[ModelCard | None] = reactive(None)
     """The loaded model; gives the empty pool's size before the first step."""
@@ -83,13 +84,8 @@ class EnginePanel(Vertical):
             return
         state = self.engine_state
         self.set_class(state != "ready", "-not-ready")
-        words = {
-            "loading": "Engine loading… the plots start with the first step.",
-            "failed": "The engine did not start (see the chat pane).",
-            "dead": "The engine stopped (see the chat pane).",
-        }
         if self.telemetry.latest is None:
-            text = words.get(state, step_line(None, 0))
+            text = fmt.state_words(state, "panel") or step_line(None, 0)
             self.query_one("#engine-step", Static).update(Text(text))
             block_map = self.query_one(KvBlockMap)
             block_map.placeholder = "loading…" if state == "loading" else "–"

@@ -8,14 +8,14 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
 
-from engine.events import LoadProgress
+from engine.events import EngineState, LoadProgress
 
 
 class EngineStatus(Vertical):
     """Hidden while the engine is ready; otherwise a banner at the top of the chat."""
 
-    engine_state: reactive[str] = reactive("loading")
-    """"loading", "ready", "failed" (start-up) or "dead" (stopped while running)."""
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading")
+    """Where the engine is in its life (see `engine.events.EngineState`)."""
     progress: reactive[LoadProgress | None] = reactive(None)
     """The last start-up stage reported by the engine."""
     error_text: reactive[str] = reactive("")

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from engine.events import ModelCard
+from engine.events import EngineState, ModelCard
 from tui import format as fmt
 
 
@@ -26,18 +26,14 @@ class ModelCardView(Widget):
 
     card: reactive[ModelCard | None] = reactive(None, layout=True)
     """The loaded model, or None while the engine starts."""
-    engine_state: reactive[str] = reactive("loading", layout=True)
-    """"loading", "ready", "failed" or "dead": what to say when there is no card."""
+    engine_state: reactive[EngineState] = reactive[EngineState]("loading", layout=True)
+    """Where the engine is in its life: what to say when there is no card."""
 
     def render(self) -> RenderableType:
         style = self.get_component_rich_style
         card = self.card
         if card is None:
-            words = {
-                "failed": "no model: the engine did not start",
-                "dead": "no model: the engine stopped",
-            }.get(self.engine_state, "loading…")
-            return Text(words, style("model-card--muted"))
+            return Text(fmt.state_words(self.engine_state, "card"), style("model-card--muted"))
         table = Table.grid(padding=(0, 1))
         table.add_column(style=style("model-card--label"), no_wrap=True)
         table.add_column(style=style("model-card--value"), overflow="fold")

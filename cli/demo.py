@@ -1,8 +1,9 @@
 """The scripted demo: one chat turn, then two concurrent synthetic prompts.
 
-Used by `run_tui(screenshot=...)` to make a picture of the app doing its job: a finished
-reply with its footer, the ITL and TTFT plots started, and the KV block map with two
-requests in it (the picture is taken while both are still streaming).
+`kvscope --screenshot` passes it to `run_tui` as the app's start-up script, to make a
+picture of the app doing its job: a finished reply with its footer, the ITL and TTFT
+plots started, and the KV block map with two requests in it (the picture is taken while
+both are still streaming).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from engine.errors import BadOption
 from engine.events import EmulationInfo
-from engine.hardware import load_geometry, load_profile, total_memory_bytes
-from engine.roofline import ModelGeometry, emulated_pool_tokens
+from roofline.hardware import load_geometry, load_profile, total_memory_bytes
+from roofline.model import ModelGeometry, emulated_pool_tokens
 
 CPU_BLOCK_SIZE = 128
 GPU_BLOCK_SIZE = 16

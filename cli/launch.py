@@ -43,8 +43,8 @@ def start_engine(
 ):  # -> VllmEngine (typed loosely so importing this module stays cheap)
     """Prepare the model if needed, build the engine and start it, showing progress."""
     quiet_native_warnings()
-    from engine.options import build_engine_settings
-    from engine.vllm_engine import VllmEngine
+    from engine.vllm.engine import VllmEngine
+    from engine.vllm.options import build_engine_settings
 
     if quiet:
         settings = build_engine_settings(engine_argv)

@@ -89,8 +89,8 @@ async def generate_once(
 
 
 def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
+    from cli.launch import start_engine
     from engine.errors import BadOption
-    from engine.launch import start_engine
 
     if args.prompt_tokens is not None and args.prompt_tokens <= 0:
         raise BadOption("--prompt-tokens", f"{args.prompt_tokens} is not a positive length")

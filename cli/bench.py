@@ -12,9 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.bench import FloorFn, SweepConfig, SweepResult, make_floors, run_sweep
+from bench.sweep import FloorFn, SweepConfig, SweepResult, make_floors, run_sweep
+from cli.roofline import parse_int_list, parse_int_option
 from engine.errors import BadOption
-from engine.roofline_cli import parse_int_list, parse_int_option
 
 EXIT_SOME_FAILED = 3
 
@@ -164,8 +164,8 @@ def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
 
 
 def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
-    from engine.launch import progress_bar, start_engine
-    from engine.options import gpu_present
+    from cli.launch import progress_bar, start_engine
+    from engine.vllm.options import gpu_present
 
     config = config_from_args(args)  # bad flags stop here, before a minute of engine start
     engine = start_engine(engine_argv)

@@ -171,8 +171,8 @@ class SweepResult:
 
 def make_floors(model_path: str, hardware: str, output_len: int) -> tuple[FloorFn, dict[str, Any]]:
     """Roofline floors for the running model on `hardware` ("cpu" is this machine)."""
-    from engine.hardware import load_geometry, load_profile
-    from engine.roofline import itl_floor_s, ttft_floor_s
+    from roofline.hardware import load_geometry, load_profile
+    from roofline.model import itl_floor_s, ttft_floor_s
 
     geom = load_geometry(model_path)
     hw = load_profile(hardware, option="--hardware")

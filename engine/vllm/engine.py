@@ -2,40 +2,41 @@
 
 Why one thread: `LLMEngine.step()` is the only place tokens are made, so a thread that owns
 the engine and calls `step()` in a loop sees exact step boundaries and can stamp every
-token with the step that produced it. Requests and aborts reach that thread through a
-command queue, so vLLM is only ever touched from it. Events go back to whichever asyncio
-loop asked for them via `call_soon_threadsafe`.
+token with the step that produced it.
+
+Ownership: the step thread alone touches vLLM and the live-request table (`_live`).
+Callers reach it through a command queue: `stream()` enqueues the request and the step
+thread registers it. When the thread ends (a shutdown, or the engine died) it fails every
+live and every still-queued request, under the same lock `stream()` takes to enqueue, so
+no request can slip in behind the last drain and wait forever. Events go back to each
+consumer's asyncio loop in one `call_soon_threadsafe` per step, not one per token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import math
 import os
 import queue
-import random
-import re
 import threading
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import (
     EngineDied,
-    EngineStartFailed,
-    KvPoolTooSmall,
     KvscopeError,
-    ModelNotFound,
     PromptTooLong,
+    RequestRejected,
 )
 from engine.events import (
     ChatMessage,
     EmulationInfo,
     EngineEvent,
+    FinishReason,
     GenerationRequest,
     LoadProgress,
     ModelCard,
@@ -48,10 +49,12 @@ from engine.events import (
 )
 from engine.listeners import StepListeners
 from engine.paths import engine_log_path
+from engine.prompts import build_synthetic_prompt, chat_prompt_ids
 from engine.relay import relay
+from engine.sizes import dtype_bytes, kv_bytes_per_token
+from engine.vllm.startup import map_start_error, read_geometry, route_vllm_logs
 
-GIB = 1024**3
-_SENTINEL = "\x00kvscope-sentinel\x00"
+Item = EngineEvent | BaseException
 
 
 @dataclass
@@ -59,85 +62,36 @@ class _Live:
     request: GenerationRequest
     prompt_ids: tuple[int, ...]
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[EngineEvent | BaseException]
+    queue: asyncio.Queue[Item]
+    submitted_at: float  # when the caller called stream(): TTFT counts from here
     internal_id: str = ""
-    submitted_at: float = 0.0
     output_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
     done: bool = False
 
-    def put(self, item: EngineEvent | BaseException) -> None:
-        # A RuntimeError means the consumer's loop is gone: nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+class _Outbox:
+    """Events of one step, grouped by consumer loop, handed over in one call per loop."""
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Item], Item]]]
+        self._by_loop = defaultdict(list)
+
+    def put(self, live: _Live, item: Item) -> None:
+        self._by_loop[live.loop].append((live.queue, item))
+
+    def flush(self) -> None:
+        for loop, batch in self._by_loop.items():
+            # A RuntimeError means the consumer's loop is gone: nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, batch)
+        self._by_loop.clear()
 
 
-def route_vllm_logs(path: str | os.PathLike[str]) -> None:
-    """Send vLLM's log lines to a file: on a terminal UI they would tear the screen."""
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    log = logging.getLogger("vllm")
-    if not any(getattr(h, "_kvscope", False) for h in log.handlers):
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler._kvscope = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def map_start_error(
-    exc: BaseException,
-    *,
-    model: str,
-    max_model_len: int | None,
-    kv_bytes_per_token: int | None,
-    block_size: int | None,
-    kv_cache_memory_bytes: int | None,
-) -> KvscopeError:
-    """Turn what vLLM raised at start-up into one of kvscope's typed errors."""
-    if isinstance(exc, KvscopeError):
-        return exc
-    text = f"{type(exc).__name__}: {exc}"
-    m = re.search(
-        r"max seq len \((\d+)\).*?([\d.]+) GiB KV cache is needed.*?available KV cache "
-        r"memory \(([\d.]+) GiB\)",
-        text,
-        re.S,
-    )
-    if m:
-        length = int(m.group(1))
-        est = re.search(r"estimated maximum model length is (\d+)", text)
-        needed = int(float(m.group(2)) * GIB)
-        if kv_bytes_per_token:
-            # vLLM rounds to 2 decimals of a GiB; our own geometry is exact.
-            bs = block_size or 1
-            needed = math.ceil(length / bs) * bs * kv_bytes_per_token
-        available = kv_cache_memory_bytes or int(float(m.group(3)) * GIB)
-        return KvPoolTooSmall(needed, available, int(est.group(1)) if est else None, length)
-    if "No available memory for the cache blocks" in text:
-        return KvPoolTooSmall(
-            (max_model_len or 0) * (kv_bytes_per_token or 0), 0, None, max_model_len
-        )
-    not_found = (
-        "not a valid model identifier",
-        "does not appear to have",
-        "Repository Not Found",
-        "RepositoryNotFoundError",
-        "LocalEntryNotFoundError",
-        "Invalid repository ID",
-        "No such file or directory",
-        "is not a local folder",
-        "Can't load the configuration",
-        "couldn't connect",
-        "OfflineModeIsEnabled",
-        "Cannot find any model",
-    )
-    if any(s.lower() in text.lower() for s in not_found):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return ModelNotFound(model, first[:200])
-    first_line = text.strip().splitlines()[0][:300]
-    return EngineStartFailed(first_line)
+def _deliver(batch: list[tuple[asyncio.Queue[Item], Item]]) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
 
 
 class VllmEngine:
@@ -167,14 +121,21 @@ class VllmEngine:
         self._card: ModelCard | None = None
         self._listeners = StepListeners()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        # Held while enqueueing a request and while the step thread declares itself gone.
+        self._gate = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._live: dict[str, _Live] = {}  # by the caller's request ID
+        self._live: dict[str, _Live] = {}  # by the caller's request ID; step thread only
         self._internal: dict[str, str] = {}  # vLLM's internal ID -> caller's ID
+        self._outbox = _Outbox()
         self._dead: str | None = None
         self._step = 0
+        # The callers' own tokenizer: vLLM's is used on the step thread, and a fast
+        # tokenizer shared between threads raises "Already borrowed".
         self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
         self._filler_ids: list[int] | None = None
+        self._introspector: Any = None
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -226,10 +187,10 @@ class VllmEngine:
         from vllm.engine.arg_utils import EngineArgs  # noqa: F401  (import cost shows here)
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        from engine.vllm_internals import EngineIntrospector
+        from engine.vllm.internals import EngineIntrospector
 
         if self.engine_args is None:
-            from engine.options import build_engine_settings
+            from engine.vllm.options import build_engine_settings
 
             def on_model(stage: str, fraction: float) -> None:
                 report(LoadProgress(f"preparing model: {stage}", 0.05 + 0.1 * fraction))
@@ -241,7 +202,7 @@ class VllmEngine:
         geometry: dict[str, int] = {}
         try:
             report(LoadProgress("reading model config", 0.15))
-            geometry = _read_geometry(str(args.model))
+            geometry = read_geometry(str(args.model))
             report(LoadProgress("loading weights and sizing the KV pool", 0.3))
             engine = LLMEngine.from_engine_args(args)
         except BaseException as exc:
@@ -256,7 +217,7 @@ class VllmEngine:
             ) from exc
         report(LoadProgress("reading the KV pool", 0.9))
         self._introspector = EngineIntrospector(engine)
-        self._tokenizer = engine.get_tokenizer()
+        self._tokenizer = _own_tokenizer(engine)
         self._filler_ids = None
         self._card = self._make_card(engine)
         return engine
@@ -269,10 +230,7 @@ class VllmEngine:
         kv_heads = int(getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads)
         head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
         dtype = str(mc.dtype).replace("torch.", "")
-        dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
-        cache_dtype = str(cfg.cache_config.cache_dtype)
-        if cache_dtype.startswith("fp8"):
-            dtype_bytes = 1
+        elem = dtype_bytes(dtype, str(cfg.cache_config.cache_dtype))
         from vllm.platforms import current_platform
 
         return ModelCard(
@@ -282,7 +240,7 @@ class VllmEngine:
             num_layers=layers,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            kv_bytes_per_token=2 * layers * kv_heads * head_dim * dtype_bytes,
+            kv_bytes_per_token=kv_bytes_per_token(layers, kv_heads, head_dim, elem),
             max_model_len=int(mc.max_model_len),
             block_size=self._introspector.block_size,
             total_blocks=self._introspector.total_blocks,
@@ -297,11 +255,10 @@ class VllmEngine:
             return
         self._stop.set()
         self._commands.put(("wake", None))
-        thread.join(timeout=60)
+        # The step thread fails what is live and frees vLLM on its way out; an
+        # interpreter that exits under a thread still inside native code aborts (exit 134).
+        thread.join()
         self._thread = None
-        for live in list(self._live.values()):
-            live.put(EngineDied("the engine was shut down"))
-        self._live.clear()
 
     def _cleanup_distributed(self) -> None:
         # A second engine in the same process (restart after a failure) needs vLLM's
@@ -325,16 +282,32 @@ class VllmEngine:
                     self._one_step(engine)
         except BaseException as exc:  # the engine is unusable now; say why to everyone
             lines = str(exc).strip().splitlines()
-            self._dead = f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+            self._close(f"{type(exc).__name__}: {lines[0][:200] if lines else ''}")
             logging.getLogger("vllm").exception("kvscope: engine step failed")
-            for live in list(self._live.values()):
-                live.put(EngineDied(self._dead))
-            self._live.clear()
+        else:
+            self._close(None)
         finally:
             with contextlib.suppress(Exception):
                 engine.engine_core.shutdown()
             del engine
             self._cleanup_distributed()
+
+    def _close(self, cause: str | None) -> None:
+        """Fail every live and every still-queued request; later `stream()`s raise."""
+        with self._gate:
+            self._dead = cause or "the engine was shut down"
+            error = EngineDied(self._dead)
+            for live in self._live.values():
+                self._outbox.put(live, error)
+            self._live.clear()
+            while True:
+                try:
+                    kind, payload = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "add":
+                    self._outbox.put(payload, error)
+            self._outbox.flush()
 
     def _drain(self, engine: Any, *, block: bool) -> None:
         while True:
@@ -349,39 +322,40 @@ class VllmEngine:
                 self._add(engine, payload)
             elif kind == "abort":
                 self._abort(engine, payload)
-            elif kind == "call":
+            elif kind == "call":  # a test's hook: run on the step thread, between steps
                 payload(engine)
+            self._outbox.flush()
 
     def _add(self, engine: Any, live: _Live) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        sp = live.request.sampling
-        params = SamplingParams(
-            max_tokens=sp.max_tokens,
-            temperature=sp.temperature,
-            ignore_eos=sp.ignore_eos,
-            seed=sp.seed,
-            output_kind=RequestOutputKind.DELTA,
-        )
         rid = live.request.request_id
-        live.submitted_at = time.perf_counter()
+        if rid in self._live:
+            self._outbox.put(live, RequestRejected(rid, f"request ID {rid!r} is already running"))
+            return
+        sp = live.request.sampling
+        # Anything one request carries may be refused by vLLM: that ends this request
+        # alone, never the step loop.
         try:
+            params = SamplingParams(
+                max_tokens=sp.max_tokens,
+                temperature=sp.temperature,
+                ignore_eos=sp.ignore_eos,
+                seed=sp.seed,
+                output_kind=RequestOutputKind.DELTA,
+            )
             internal = engine.add_request(
                 rid, TokensPrompt(prompt_token_ids=list(live.prompt_ids)), params
             )
         except Exception as exc:
-            said = re.search(r"maximum context length is (\d+)", str(exc))
-            if said:
-                live.put(PromptTooLong(len(live.prompt_ids), int(said.group(1))))
-            else:
-                live.put(EngineStartFailed(f"vLLM refused the request: {exc}"))
-            self._live.pop(rid, None)
+            self._outbox.put(live, refusal(rid, exc, len(live.prompt_ids), self._card))
             return
         live.internal_id = str(internal)
+        self._live[rid] = live
         self._internal[live.internal_id] = rid
-        live.put(RequestAccepted(rid, len(live.prompt_ids), live.submitted_at))
+        self._outbox.put(live, RequestAccepted(rid, len(live.prompt_ids), live.submitted_at))
 
     def _abort(self, engine: Any, rid: str) -> None:
         live = self._live.get(rid)
@@ -390,20 +364,19 @@ class VllmEngine:
         engine.abort_request([rid])
         self._finish(live, "abort", time.perf_counter())
 
-    def _finish(self, live: _Live, reason: str, now: float) -> None:
+    def _finish(self, live: _Live, reason: FinishReason, now: float) -> None:
         live.done = True
-        times = live.token_times
-        live.put(
-            RequestFinished(
-                request_id=live.request.request_id,
-                reason=reason,
+        self._outbox.put(
+            live,
+            RequestFinished.from_times(
+                live.request.request_id,
+                reason,
                 prompt_tokens=len(live.prompt_ids),
-                output_tokens=live.output_tokens,
-                ttft_s=(times[0] - live.submitted_at) if times else None,
-                itl_s=tuple(b - a for a, b in itertools.pairwise(times)),
-                e2e_s=(times[-1] if times else now) - live.submitted_at,
+                submitted_at=live.submitted_at,
+                token_times=live.token_times,
+                now=now,
                 preemptions=live.preemptions,
-            )
+            ),
         )
         self._live.pop(live.request.request_id, None)
         self._internal.pop(live.internal_id, None)
@@ -415,7 +388,9 @@ class VllmEngine:
         self._step += 1
         intro = self._introspector
         work = intro.take_scheduled()
-        preempted = tuple(self._internal.get(i, i) for i in work.preempted_internal_ids)
+        preempted = tuple(
+            self._internal[i] for i in work.preempted_internal_ids if i in self._internal
+        )
         for rid in preempted:
             if rid in self._live:
                 self._live[rid].preemptions += 1
@@ -439,53 +414,55 @@ class VllmEngine:
         # must still see the step that finished it.
         self._listeners.emit(sample)
         for out in outputs:
-            rid = self._internal.get(out.request_id, out.request_id)
-            live = self._live.get(rid)
+            # vLLM 0.32's outputs carry the caller's ID; its scheduler uses an internal one.
+            live = self._live.get(out.request_id)
             if live is None or live.done or not out.outputs:
                 continue
             completion = out.outputs[0]
             new_ids = tuple(completion.token_ids)
             if new_ids:
                 prev = live.token_times[-1] if live.token_times else live.submitted_at
-                live.put(
+                self._outbox.put(
+                    live,
                     TokenEvent(
-                        request_id=rid,
+                        request_id=out.request_id,
                         index=live.output_tokens,
                         token_ids=new_ids,
                         text=completion.text,
                         step=self._step,
                         time_s=ended,
                         latency_s=ended - prev,
-                    )
+                    ),
                 )
                 live.output_tokens += len(new_ids)
                 # Tokens that arrive together share one time: their ITL after the first is 0.
                 live.token_times.extend([ended] * len(new_ids))
             if out.finished:
-                reason = str(completion.finish_reason or "stop")
-                self._finish(live, "length" if reason == "length" else reason, ended)
+                reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
+                self._finish(live, reason, ended)
+        self._outbox.flush()
 
     # -- the protocol --------------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         return self._listeners.add(listener)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        submitted_at = time.perf_counter()  # the caller's clock: queueing here counts
+        card = self._card
         if self._dead:
             raise EngineDied(self._dead)
-        if self._thread is None or self._card is None:
+        if self._thread is None or card is None:
             raise EngineDied("the engine is not running")
-        ids = (
-            tuple(request.prompt_token_ids)
-            if request.prompt_token_ids is not None
-            else self.chat_prompt_ids(request.messages)
-        )
-        if len(ids) > self._card.max_model_len:
-            raise PromptTooLong(len(ids), self._card.max_model_len)
-        if request.request_id in self._live:
-            raise ValueError(f"request ID {request.request_id!r} is already running")
-        live = _Live(request, ids, asyncio.get_running_loop(), asyncio.Queue())
-        self._live[request.request_id] = live
-        self._commands.put(("add", live))
+        if request.prompt_token_ids is not None:
+            ids = tuple(request.prompt_token_ids)
+        else:
+            ids = self.chat_prompt_ids(request.messages)
+        check_prompt_length(len(ids), card.max_model_len)
+        live = _Live(request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at)
+        with self._gate:
+            if self._dead:
+                raise EngineDied(self._dead)
+            self._commands.put(("add", live))
         try:
             async for event in relay(live.queue):
                 yield event
@@ -504,94 +481,53 @@ class VllmEngine:
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         tok = self._require_tokenizer()
-        out = tok.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=True,
-            tokenize=True,
-        )
-        if hasattr(out, "keys"):
-            out = out["input_ids"]
-        return tuple(int(i) for i in out)
+        with self._tokenizer_lock:
+            return chat_prompt_ids(tok, messages)
 
     def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
-        return build_synthetic_prompt(
-            self._require_tokenizer(), num_tokens, suffix, seed, cache=self
-        )
+        tok = self._require_tokenizer()
+        with self._tokenizer_lock:
+            return build_synthetic_prompt(tok, num_tokens, suffix, seed, cache=self)
 
     @property
     def introspection(self) -> Any:
         """The vLLM internals reader, for tests only."""
         return self._introspector
 
-    async def pool_state(self) -> tuple[int, int]:
-        """(free blocks, total blocks), read on the step thread between steps."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, int]] = loop.create_future()
 
-        def read(_engine: Any) -> None:
-            value = (self._introspector.free_blocks(), self._introspector.total_blocks)
-            loop.call_soon_threadsafe(future.set_result, value)
-
-        self._commands.put(("call", read))
-        return await future
+def check_prompt_length(prompt_tokens: int, max_model_len: int) -> None:
+    """vLLM's own rule: a prompt needs room for at least one output token, so a prompt of
+    exactly max_model_len tokens is refused, as vLLM's input processor does."""
+    if prompt_tokens >= max_model_len:
+        raise PromptTooLong(prompt_tokens, max_model_len)
 
 
-def _read_geometry(model: str) -> dict[str, int]:
-    """KV bytes per token from the model's config, to explain a too-small pool exactly."""
+def refusal(
+    rid: str, exc: BaseException, prompt_tokens: int, card: ModelCard | None
+) -> KvscopeError:
+    """What vLLM's refusal of one request means, in kvscope's errors."""
+    import re
+
+    text = str(exc)
+    said = re.search(r"maximum (?:context|model) length (?:is|of) (\d+)", text)
+    if said:
+        return PromptTooLong(prompt_tokens, int(said.group(1)))
+    if card is not None and prompt_tokens >= card.max_model_len:
+        return PromptTooLong(prompt_tokens, card.max_model_len)
+    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    return RequestRejected(rid, first)
+
+
+def _own_tokenizer(engine: Any) -> Any:
+    """A tokenizer for the callers' threads, separate from the one vLLM uses."""
+    mc = engine.vllm_config.model_config
     try:
-        from transformers import AutoConfig
+        from transformers import AutoTokenizer
 
-        cfg = AutoConfig.from_pretrained(model)
-        cfg = getattr(cfg, "text_config", None) or cfg
-        layers = int(cfg.num_hidden_layers)
-        heads = int(cfg.num_attention_heads)
-        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        return {"kv_bytes_per_token": 2 * layers * kv * head_dim * 2}
+        return AutoTokenizer.from_pretrained(
+            mc.tokenizer, trust_remote_code=bool(mc.trust_remote_code)
+        )
     except Exception:
-        return {}
+        import copy
 
-
-def filler_vocabulary(tokenizer: Any) -> list[int]:
-    """Token IDs that decode to one plain lowercase word with a leading space."""
-    word = re.compile(r"^ [a-z]{3,10}$")
-    ids = []
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    vocab_size = len(tokenizer)
-    for i in range(min(vocab_size, 50_000)):
-        if i in special:
-            continue
-        if word.match(tokenizer.decode([i])):
-            ids.append(i)
-    return ids
-
-
-def build_synthetic_prompt(
-    tokenizer: Any, num_tokens: int, suffix: str = "", seed: int = 0, *, cache: Any = None
-) -> tuple[int, ...]:
-    """Exactly `num_tokens` token IDs: the chat template around random words and `suffix`.
-
-    IDs are joined, never re-tokenized, so the count is exact. Random words (seeded) keep
-    requests from sharing a prefix, which prefix caching would otherwise skip.
-    """
-    if num_tokens <= 0:
-        raise ValueError("num_tokens must be positive")
-    filler = getattr(cache, "_filler_ids", None)
-    if filler is None:
-        filler = filler_vocabulary(tokenizer)
-        if cache is not None:
-            cache._filler_ids = filler
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _SENTINEL}], add_generation_prompt=True, tokenize=False
-    )
-    head_text, _, tail_text = rendered.partition(_SENTINEL)
-    head = tokenizer.encode(head_text, add_special_tokens=False)
-    tail = tokenizer.encode(tail_text, add_special_tokens=False)
-    user = tokenizer.encode((" " + suffix) if suffix else "", add_special_tokens=False)
-    rng = random.Random(seed)
-    room = num_tokens - len(head) - len(tail) - len(user)
-    if room < 0:
-        # Too short for the template: plain words, still exactly num_tokens.
-        return tuple(rng.choice(filler) for _ in range(num_tokens))
-    body = [rng.choice(filler) for _ in range(room)]
-    return tuple(head + body + user + tail)
+        return copy.deepcopy(engine.get_tokenizer())

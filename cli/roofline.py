@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from engine.errors import BadOption, KvscopeError
-from engine.hardware import known_gpus, known_models, load_geometry, load_profile
-from engine.roofline import GIB, MIB, RooflineReport, predict
+from roofline.hardware import known_gpus, known_models, load_geometry, load_profile
+from roofline.model import GIB, MIB, RooflineReport, predict
 
 DEFAULT_GPU = "l4"
 DEFAULT_MODEL = "qwen2.5-7b-instruct"

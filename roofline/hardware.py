@@ -1,7 +1,7 @@
 """Where the roofline's inputs come from: shipped data files, local configs, and a
 short measurement of this machine's CPU.
 
-GPU profiles and model geometries ship as JSON in `engine/data/` (see the `_about` field
+GPU profiles and model geometries ship as JSON in `roofline/data/` (see the `_about` field
 of each file for what the numbers are). The "cpu" profile cannot ship: it is measured by
 `calibrate_cpu` and cached, because a CPU's usable bandwidth and matmul speed depend on
 the machine far more than any spec sheet says.
@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.errors import BadOption
 from engine.paths import cache_dir
-from engine.roofline import HardwareProfile, ModelGeometry
+from roofline.model import HardwareProfile, ModelGeometry
 
 CPU_KEY = "cpu"
 CALIBRATION_FILE = "calibration.json"
@@ -34,7 +34,7 @@ CALIBRATION_SCHEMA = 1
 
 def _read_data(filename: str) -> dict[str, Any]:
     # importlib.resources finds the file inside an installed wheel as well as a checkout.
-    text = resources.files("engine.data").joinpath(filename).read_text(encoding="utf-8")
+    text = resources.files("roofline.data").joinpath(filename).read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 
