@@ -12,6 +12,14 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _size(n: int) -> str:
+    """A byte count a reader can check: GiB with the exact bytes, or plain bytes when a
+    GiB figure would round to 0.00 and hide the number that explains the error."""
+    if n >= GIB // 100:
+        return f"{_gib(n)} ({n:,} bytes)"
+    return f"{n:,} byte" + ("" if n == 1 else "s")
+
+
 class KvscopeError(Exception):
     """Base of every error a user can provoke."""
 
@@ -60,9 +68,8 @@ class KvPoolTooSmall(KvscopeError):
             else " Use a smaller --max-model-len or a bigger KV pool."
         )
         return (
-            f"KV pool too small: one request{length} needs {_gib(self.needed_bytes)} "
-            f"({self.needed_bytes:,} bytes) of KV cache, but only {_gib(self.available_bytes)} "
-            f"({self.available_bytes:,} bytes) is available.{advice}"
+            f"KV pool too small: one request{length} needs {_size(self.needed_bytes)} "
+            f"of KV cache, but only {_size(self.available_bytes)} is available.{advice}"
         )
 
 
@@ -110,6 +117,38 @@ class BadOption(KvscopeError):
 
     def plain(self) -> str:
         return f"Bad value for {self.option}: {self.reason}"
+
+
+class UnknownFlag(KvscopeError):
+    """A flag that neither kvscope nor vLLM knows."""
+
+    def __init__(self, flags: str, command: str = "kvscope") -> None:
+        super().__init__(flags, command)
+        self.flags = flags
+        self.command = command
+
+    def plain(self) -> str:
+        return (
+            f"Unknown flag: {self.flags}. Neither kvscope nor vLLM has it; "
+            f"`{self.command} --help` and `kvscope engine-help` list the flags."
+        )
+
+
+class CacheDirUnwritable(KvscopeError):
+    """kvscope had to write in its cache folder (to convert the model) and could not."""
+
+    def __init__(self, folder: str, detail: str = "") -> None:
+        super().__init__(folder, detail)
+        self.folder = folder
+        self.detail = detail
+
+    def plain(self) -> str:
+        why = f" ({self.detail})" if self.detail else ""
+        return (
+            f"Cannot write to kvscope's cache folder {self.folder}{why}. The converted model "
+            "lives there: set KVSCOPE_CACHE_DIR to a writable folder, or run "
+            "`kvscope prepare-model` once as a user who can write there."
+        )
 
 
 class RequestRejected(KvscopeError):

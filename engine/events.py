@@ -87,6 +87,8 @@ class RequestFinished:
     # What the server itself measured, when the engine is a remote vLLM server that
     # sends per-request metrics (`--enable-per-request-metrics`); None otherwise.
     server: ServerTimings | None = None
+    # What the in-process vLLM measured for the same request, from its own clocks.
+    vllm: VllmTimings | None = None
 
     @classmethod
     def from_times(
@@ -99,6 +101,7 @@ class RequestFinished:
         token_times: Sequence[float],
         now: float,
         preemptions: int = 0,
+        vllm: VllmTimings | None = None,
     ) -> RequestFinished:
         """The one way every engine sums up a request: all times from `submitted_at`, the
         moment the caller asked, and one arrival time per output token."""
@@ -111,7 +114,24 @@ class RequestFinished:
             itl_s=tuple(b - a for a, b in itertools.pairwise(token_times)),
             e2e_s=(token_times[-1] if token_times else now) - submitted_at,
             preemptions=preemptions,
+            vllm=vllm,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class VllmTimings:
+    """The in-process vLLM's own figures for one request, beside kvscope's.
+
+    vLLM's TTFT runs from its own arrival time (when the step thread handed it the
+    request); kvscope's from when the caller called `stream()`. The difference is time the
+    request spent in kvscope's queue, waiting for a step in progress to end.
+    """
+
+    ttft_s: float | None
+    itl_s: tuple[float, ...]  # from the engine core's timestamps, one per output token
+    queue_s: float | None  # vLLM's: queued to first scheduled
+    prefill_s: float | None  # vLLM's: first scheduled to first token
+    kvscope_queue_s: float  # stream() called to vLLM's arrival time
 
 
 EngineEvent = RequestAccepted | TokenEvent | RequestFinished
@@ -144,6 +164,10 @@ class StepSample:
     blocks: tuple[RequestBlocks, ...] = ()
     preemptions: int = 0
     preempted_ids: tuple[str, ...] = ()
+    # True for the sample an engine emits when its last request ends or is aborted: no
+    # step ran, but every panel must see the pool as it is now (empty), not as the last
+    # step left it.
+    idle: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,3 +382,17 @@ class RemoteCapabilities:
 
 
 ScrapeListener = Callable[[ScrapeSample], None]
+
+
+# -- session tapes (engine/tape/) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    """What the user sent, as the chat shows it. The engine never sees it; a tape keeps it
+    so that a replay and `--resume` can show the transcript as it was."""
+
+    text: str
+    time_s: float  # when it was sent, on the engine's clock
+    request_ids: tuple[str, ...] = ()  # the requests it started, one per copy
+    synthetic_tokens: int | None = None  # the prompt-length slider's N, when it was on

@@ -226,7 +226,7 @@ class FakeEngine:
         if self._dead:
             raise EngineDied(self._dead)
         ids = request.prompt_token_ids or self.chat_prompt_ids(request.messages)
-        if len(ids) > self.config.max_model_len:
+        if len(ids) >= self.config.max_model_len:  # vLLM's rule: room for one output token
             raise PromptTooLong(len(ids), self.config.max_model_len)
         live = _Live(
             request=request,
@@ -331,6 +331,11 @@ class FakeEngine:
         for live in [x for x in self._waiting + self._running if x.aborted]:
             (self._waiting if live in self._waiting else self._running).remove(live)
             self._finish(live, "abort")
+        if not self._waiting and not self._running:
+            self._step -= 1  # nothing ran
+            self._last_duration = 0.0
+            self._emit_idle()
+            return
 
         prefill = decode = 0
         preempted: list[str] = []
@@ -414,5 +419,28 @@ class FakeEngine:
             elif not sp.ignore_eos and len(live.output) >= len(c.reply_words):
                 self._running.remove(live)
                 self._finish(live, "stop")
+        if not self._waiting and not self._running:
+            self._emit_idle()
+
+    def _emit_idle(self) -> None:
+        """The last request is gone: one sample of the pool as it is now, as VllmEngine
+        does, so no panel keeps showing the last step's state."""
+        c = self.config
+        self._listeners.emit(
+            StepSample(
+                step=self._step,
+                started_at=self.clock.now(),
+                duration_s=0.0,
+                prefill_tokens=0,
+                decode_tokens=0,
+                running=0,
+                waiting=0,
+                kv_usage=1 - len(self._free) / c.total_blocks,
+                free_blocks=len(self._free),
+                total_blocks=c.total_blocks,
+                block_size=c.block_size,
+                idle=True,
+            )
+        )
 
     _last_duration: float = 0.0

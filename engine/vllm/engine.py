@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -46,6 +47,7 @@ from engine.events import (
     StepListener,
     StepSample,
     TokenEvent,
+    VllmTimings,
 )
 from engine.listeners import StepListeners
 from engine.paths import engine_log_path
@@ -64,7 +66,10 @@ class _Live:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Item]
     submitted_at: float  # when the caller called stream(): TTFT counts from here
+    submitted_wall: float  # the same moment on the wall clock, which vLLM's arrival uses
     internal_id: str = ""
+    vllm_stats: Any = None  # vLLM's RequestStateStats for this request
+    vllm_token_ts: list[float] = field(default_factory=list)
     output_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
@@ -136,6 +141,8 @@ class VllmEngine:
         self._tokenizer_lock = threading.Lock()
         self._filler_ids: list[int] | None = None
         self._introspector: Any = None
+        self._stat_logger: Any = None
+        self._idle_sent = True
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -204,7 +211,8 @@ class VllmEngine:
             report(LoadProgress("reading model config", 0.15))
             geometry = read_geometry(str(args.model))
             report(LoadProgress("loading weights and sizing the KV pool", 0.3))
-            engine = LLMEngine.from_engine_args(args)
+            self._stat_logger = None
+            engine = LLMEngine.from_engine_args(args, stat_loggers=[self._make_stat_logger])
         except BaseException as exc:
             self._cleanup_distributed()
             raise map_start_error(
@@ -221,6 +229,12 @@ class VllmEngine:
         self._filler_ids = None
         self._card = self._make_card(engine)
         return engine
+
+    def _make_stat_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from engine.vllm.stat_logger import KvscopeStatLogger
+
+        self._stat_logger = KvscopeStatLogger(vllm_config, engine_index)
+        return self._stat_logger
 
     def _make_card(self, engine: Any) -> ModelCard:
         cfg = engine.vllm_config
@@ -353,6 +367,8 @@ class VllmEngine:
             self._outbox.put(live, refusal(rid, exc, len(live.prompt_ids), self._card))
             return
         live.internal_id = str(internal)
+        live.vllm_stats = self._introspector.request_stats(live.internal_id)
+        self._idle_sent = False
         self._live[rid] = live
         self._internal[live.internal_id] = rid
         self._outbox.put(live, RequestAccepted(rid, len(live.prompt_ids), live.submitted_at))
@@ -363,6 +379,7 @@ class VllmEngine:
             return
         engine.abort_request([rid])
         self._finish(live, "abort", time.perf_counter())
+        self._maybe_idle(engine)
 
     def _finish(self, live: _Live, reason: FinishReason, now: float) -> None:
         live.done = True
@@ -376,6 +393,7 @@ class VllmEngine:
                 token_times=live.token_times,
                 now=now,
                 preemptions=live.preemptions,
+                vllm=self._vllm_timings(live),
             ),
         )
         self._live.pop(live.request.request_id, None)
@@ -437,10 +455,53 @@ class VllmEngine:
                 live.output_tokens += len(new_ids)
                 # Tokens that arrive together share one time: their ITL after the first is 0.
                 live.token_times.extend([ended] * len(new_ids))
+                stats = live.vllm_stats
+                if stats is not None:
+                    live.vllm_token_ts.extend([float(stats.last_token_ts)] * len(new_ids))
             if out.finished:
                 reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
                 self._finish(live, reason, ended)
         self._outbox.flush()
+        self._maybe_idle(engine)
+
+    def _maybe_idle(self, engine: Any) -> None:
+        """Once the last request is gone, say so with one sample of the pool as it is."""
+        # vLLM may still count a just-finished request until its next step cleans up, but
+        # its blocks are already free: kvscope's own table says whether anything is live.
+        if self._idle_sent or self._live:
+            return
+        self._idle_sent = True
+        intro = self._introspector
+        self._listeners.emit(
+            StepSample(
+                step=self._step,
+                started_at=time.perf_counter(),
+                duration_s=0.0,
+                prefill_tokens=0,
+                decode_tokens=0,
+                running=intro.num_running(),
+                waiting=intro.num_waiting(),
+                kv_usage=intro.usage(),
+                free_blocks=intro.free_blocks(),
+                total_blocks=intro.total_blocks,
+                block_size=intro.block_size,
+                idle=True,
+            )
+        )
+
+    def _vllm_timings(self, live: _Live) -> VllmTimings | None:
+        stats = live.vllm_stats
+        if stats is None:
+            return None
+        done = self._stat_logger.take(live.internal_id) if self._stat_logger else None
+        ts = live.vllm_token_ts
+        return VllmTimings(
+            ttft_s=float(stats.first_token_latency) if ts else None,
+            itl_s=tuple(b - a for a, b in itertools.pairwise(ts)),
+            queue_s=done.queue_s if done else None,
+            prefill_s=done.prefill_s if done else None,
+            kvscope_queue_s=max(0.0, float(stats.arrival_time) - live.submitted_wall),
+        )
 
     # -- the protocol --------------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
@@ -448,6 +509,7 @@ class VllmEngine:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         submitted_at = time.perf_counter()  # the caller's clock: queueing here counts
+        submitted_wall = time.time()
         card = self._card
         if self._dead:
             raise EngineDied(self._dead)
@@ -458,7 +520,9 @@ class VllmEngine:
         else:
             ids = self.chat_prompt_ids(request.messages)
         check_prompt_length(len(ids), card.max_model_len)
-        live = _Live(request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at)
+        live = _Live(
+            request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, submitted_wall
+        )
         with self._gate:
             if self._dead:
                 raise EngineDied(self._dead)

@@ -2,7 +2,7 @@
 
 Scheduler, KV-cache manager and block pool are not public API. Everything kvscope needs
 from them is read here, so a vLLM upgrade that moves them breaks this file alone, and
-tests/test_vllm_internals.py says so by name.
+tests/test_vllm_engine.py::test_vllm_internals_are_where_kvscope_expects says so.
 
 Block IDs: vLLM's pool reserves physical block 0 as a "null block" that no request ever
 holds. kvscope reports the usable pool as blocks 0..N-1, i.e. vLLM's ID minus one, so a
@@ -39,6 +39,7 @@ class EngineIntrospector:
         self.kv_manager = self.scheduler.kv_cache_manager
         self.block_pool = self.kv_manager.block_pool
         self.vllm_config = llm_engine.vllm_config
+        self.output_processor = llm_engine.output_processor
         self._last: ScheduledWork | None = None
         self._wrap_schedule()
 
@@ -78,6 +79,12 @@ class EngineIntrospector:
     def take_scheduled(self) -> ScheduledWork:
         work, self._last = self._last, None
         return work or ScheduledWork(0, 0, ())
+
+    def request_stats(self, internal_id: str) -> Any | None:
+        """vLLM's own `RequestStateStats` of a live request (arrival time, engine-core
+        timestamps of its tokens); the object outlives the request, so keep it."""
+        state = self.output_processor.request_states.get(internal_id)
+        return getattr(state, "stats", None)
 
     @property
     def block_size(self) -> int:

@@ -1,0 +1,726 @@
+"""RemoteEngine: kvscope's Engine protocol on a running vLLM server.
+
+Three channels, each on its own thread, none needing vLLM, torch or a GPU here:
+- requests stream over the OpenAI API (httpx on one asyncio loop thread, so token arrival
+  times do not depend on how busy the consumer's loop is);
+- engine state comes from Prometheus /metrics, scraped about 5 times a second;
+- the prefix-cache index comes from vLLM's KV events (ZMQ), when the server publishes them.
+
+What a remote engine cannot show, it says (`capabilities`): there are no step boundaries
+(engine samples are scrapes), no physical block IDs (blocks are known by hash), and tokens
+carry the time they reached this client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from engine.errors import (
+    AuthRequired,
+    BadOption,
+    ConnectionLost,
+    EngineDied,
+    EngineStartFailed,
+    KvscopeError,
+    PromptTooLong,
+    RequestRejected,
+    ServerUnreachable,
+)
+from engine.events import (
+    ChatMessage,
+    EngineEvent,
+    GenerationRequest,
+    LoadProgress,
+    ModelCard,
+    PrefixCacheView,
+    ProgressCallback,
+    RemoteCapabilities,
+    RequestFinished,
+    ScrapeListener,
+    ScrapeSample,
+    StepListener,
+)
+from engine.listeners import StepListeners
+from engine.relay import relay
+from engine.remote.client import (
+    ServerAnswer,
+    ServerClient,
+    SseDecoder,
+    auth_headers,
+    describe,
+    error_message,
+    normalize_url,
+    parse_too_long,
+    resolve_api_key,
+    url_host,
+)
+from engine.remote.kv_events import (
+    KV_EVENTS_FLAGS,
+    NO_EVENTS,
+    KvEventSubscriber,
+    PrefixCacheIndex,
+    plan_sources,
+)
+from engine.remote.metrics import (
+    CacheInfo,
+    MetricsScraper,
+    ScrapeState,
+    ScrapeStatus,
+    cache_info,
+    parse_metrics,
+    step_sample,
+)
+from engine.remote.prompts import RemotePrompts
+from engine.remote.streaming import ReplyAssembler, StreamError
+
+log = logging.getLogger("kvscope")
+
+REMOTE_LIMITS = (
+    "No step boundaries are visible remotely: engine samples are /metrics scrapes "
+    "(about every 200 ms), and their prefill/decode counts are the server's token counters' "
+    "growth between two scrapes, not one step's split.",
+    "The server sends no physical block IDs: occupancy is KV usage × total blocks, and "
+    "cached blocks are known by hash from KV events.",
+    "Token times are when each chunk reached this client; tokens that arrive in one chunk "
+    "share one time.",
+)
+UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
+
+
+class _ScrapeListeners:
+    def __init__(self) -> None:
+        self._listeners: list[ScrapeListener] = []
+
+    def add(self, listener: ScrapeListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    def emit(self, sample: ScrapeSample) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(sample)
+            except Exception:
+                log.exception("kvscope: scrape listener failed")
+
+
+@dataclass
+class _Live:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[EngineEvent | BaseException]
+    submitted_at: float
+    session_id: str
+    future: concurrent.futures.Future[None] | None = None
+    done: bool = False
+    tokens: int = 0
+
+    def put(self, item: EngineEvent | BaseException) -> None:
+        if isinstance(item, RequestFinished | BaseException):
+            self.done = True
+        # A RuntimeError means the consumer's loop is gone: nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class RemoteEngine:
+    """A running `vllm serve` behind kvscope's Engine protocol.
+
+    `url` is the server's root (`http://host:8000`; a trailing `/v1` is fine). The API key
+    is `api_key`, else VLLM_API_KEY, else OPENAI_API_KEY. `kv_events` is "auto" (ask the
+    server's /kv_event_sources), None (off), or the endpoint the server was given in
+    `--kv-events-config` (a wildcard one is reached at the server's host; a concrete
+    tcp address is bound here, because vLLM's PUB socket connects to it).
+    """
+
+    remote = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        served_model_name: str | None = None,
+        kv_events: str | None = "auto",
+        metrics_path: str = "/metrics",
+        scrape_interval_s: float = 0.2,
+        verify: bool | str = True,
+        timeout_s: float = 10.0,
+        session_id: str | None = None,
+        report_cache_hits: bool = True,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.api_key = resolve_api_key(api_key)
+        self.served_model_name = served_model_name
+        self.kv_events_setting = kv_events
+        self.metrics_path = metrics_path
+        self.scrape_interval_s = scrape_interval_s
+        self.verify = verify
+        self.timeout_s = timeout_s
+        self.report_cache_hits = report_cache_hits
+        self.session_id = session_id or self._new_session_name()
+        self.model = ""
+        self.attachments = 0  # times attached: 1 after start(), +1 per re-attach
+        self._card: ModelCard | None = None
+        self._cache: CacheInfo | None = None
+        self._listeners = StepListeners()
+        self._scrape_listeners = _ScrapeListeners()
+        self._control: ServerClient | None = None
+        self._prompts: RemotePrompts | None = None
+        self._scraper: MetricsScraper | None = None
+        self._scrape_client: ServerClient | None = None
+        self._scrape_status = ScrapeStatus(True, False, "not attached yet")
+        self._last_scrape: ScrapeSample | None = None
+        self._index = PrefixCacheIndex()
+        self._kv: KvEventSubscriber | None = None
+        self._kv_note = "not attached yet"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._live: dict[str, _Live] = {}
+        self._sessions: dict[str, str] = {}  # request ID -> session ID
+        self._server_timings: bool | None = None
+        self._lock = threading.Lock()
+
+    # -- life cycle -------------------------------------------------------------------------
+    @property
+    def card(self) -> ModelCard | None:
+        return self._card
+
+    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
+        """Attach: list models, read the KV pool from /metrics, open the three channels.
+
+        Raises ServerUnreachable (naming the URL) or AuthRequired; safe to call again to
+        retry after a failure.
+        """
+        report = progress or (lambda _p: None)
+        self.shutdown()
+        report(LoadProgress(f"connecting to {self.url}", 0.1))
+        control = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=self.timeout_s)
+        try:
+            model, max_len, root = self._pick_model(control)
+            report(LoadProgress("reading the KV pool from /metrics", 0.4))
+            state = ScrapeState(model)
+            self._scrape_status = ScrapeStatus(True, False, "")
+            try:
+                parsed = parse_metrics(control.text(self.metrics_path))
+                self._cache = cache_info(parsed)
+                if parsed.has_vllm:
+                    self._last_scrape = state.update(parsed, time.perf_counter(), self._cache)
+                    self._scrape_status = ScrapeStatus(True, True, "")
+                else:
+                    self._scrape_status = self._metrics_missing(None)
+            except (KvscopeError, ServerAnswer, ValueError) as exc:
+                if isinstance(exc, AuthRequired | ServerUnreachable):
+                    raise
+                self._cache = None
+                self._scrape_status = self._classify_scrape_error(exc)
+            self.model = model
+            self._card = self._make_card(model, max_len, root)
+            self._control = control
+            self._prompts = RemotePrompts(control, model)
+        except BaseException:
+            control.close()
+            raise
+        report(LoadProgress("subscribing to KV events", 0.7))
+        self._start_kv_events(control)
+        report(LoadProgress("opening the request and metrics channels", 0.85))
+        self._start_loop()
+        self._start_scraper(state)
+        self.attachments += 1
+        report(LoadProgress("ready", 1.0))
+        return self._card
+
+    def _pick_model(self, control: ServerClient) -> tuple[str, int, str]:
+        try:
+            models = control.models()
+        except ServerAnswer as exc:
+            raise EngineStartFailed(
+                f"{self.url}/v1/models answered HTTP {exc.status}: {exc.message}"
+            ) from exc
+        if not models:
+            raise EngineStartFailed(f"the server at {self.url} serves no model")
+        names = [str(m.get("id")) for m in models]
+        if self.served_model_name:
+            if self.served_model_name not in names:
+                raise BadOption(
+                    "--served-model-name",
+                    f"the server at {self.url} serves {', '.join(names)}, not "
+                    f"{self.served_model_name}",
+                )
+            chosen = models[names.index(self.served_model_name)]
+        else:
+            chosen = models[0]
+        max_len = chosen.get("max_model_len")
+        if not isinstance(max_len, int):
+            raise EngineStartFailed(
+                f"{self.url}/v1/models gives no max_model_len; is this a vLLM server?"
+            )
+        return str(chosen["id"]), max_len, str(chosen.get("root") or chosen["id"])
+
+    def _make_card(self, model: str, max_len: int, root: str) -> ModelCard:
+        cache = self._cache
+        unknown = list(UNKNOWN_FIELDS)
+        if cache is None:
+            unknown += ["block_size", "total_blocks"]
+        return ModelCard(
+            name=model,
+            path=root,
+            dtype="unknown",
+            num_layers=0,
+            num_kv_heads=0,
+            head_dim=0,
+            kv_bytes_per_token=0,
+            max_model_len=max_len,
+            block_size=cache.block_size if cache else 0,
+            total_blocks=cache.total_blocks if cache else 0,
+            device=f"remote {self.url}",
+            unknown=tuple(unknown),
+        )
+
+    def shutdown(self) -> None:
+        """Close every channel; requests still streaming end as aborted."""
+        if self._scraper is not None:
+            self._scraper.stop()
+            self._scraper = None
+        if self._scrape_client is not None:
+            self._scrape_client.close()
+            self._scrape_client = None
+        if self._kv is not None:
+            self._kv.stop()
+            self._kv = None
+        loop, thread = self._loop, self._loop_thread
+        if loop is not None and thread is not None:
+            for live in list(self._live.values()):
+                if live.future is not None:
+                    live.future.cancel()
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._close_http(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+        self._loop = None
+        self._loop_thread = None
+        self._http = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    # -- the request channel: one asyncio loop thread ------------------------------------------
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="kvscope-remote-io", daemon=True)
+        thread.start()
+        self._loop, self._loop_thread = loop, thread
+
+        async def make() -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=self.url,
+                headers=auth_headers(self.api_key),
+                verify=self.verify,
+                timeout=httpx.Timeout(self.timeout_s, read=None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            )
+
+        self._http = asyncio.run_coroutine_threadsafe(make(), loop).result(timeout=30)
+
+    async def _close_http(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        """Send `request`; its clock starts now, when stream() is called."""
+        return self._stream(request, time.perf_counter())
+
+    async def _stream(
+        self, request: GenerationRequest, submitted_at: float
+    ) -> AsyncIterator[EngineEvent]:
+        loop = self._loop
+        card = self._card
+        if loop is None or card is None:
+            raise EngineDied("the remote engine is not attached; call start() first")
+        ids = request.prompt_token_ids
+        if ids is not None and len(ids) >= card.max_model_len:
+            # The server's rule: a prompt must leave room for one output token.
+            raise PromptTooLong(len(ids), card.max_model_len)
+        if request.request_id in self._live:
+            raise ValueError(f"request ID {request.request_id!r} is already running")
+        session = self.session_id
+        live = _Live(request, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, session)
+        with self._lock:
+            self._live[request.request_id] = live
+            self._sessions[request.request_id] = session
+        live.future = asyncio.run_coroutine_threadsafe(self._run(live), loop)
+        try:
+            async for event in relay(live.queue):
+                yield event
+        finally:
+            if not live.done:
+                self.abort(request.request_id)  # the consumer walked away: close the stream
+            with self._lock:
+                if self._live.get(request.request_id) is live:
+                    del self._live[request.request_id]
+
+    def _body(self, live: _Live) -> tuple[str, dict[str, Any]]:
+        req, sp = live.request, live.request.sampling
+        body: dict[str, Any] = {
+            "model": self.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": sp.max_tokens,
+            "temperature": sp.temperature,
+            "return_token_ids": True,
+            "session_id": live.session_id,
+        }
+        if sp.ignore_eos:
+            body["ignore_eos"] = True
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        if self.report_cache_hits:
+            # Prefix-cache hits are then reported as BlockStored under this session too.
+            body["vllm_xargs"] = {"kv_cache_report_mode": "full"}
+        if req.prompt_token_ids is not None:
+            body["prompt"] = list(req.prompt_token_ids)
+            return "/v1/completions", body
+        body["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+        return "/v1/chat/completions", body
+
+    async def _run(self, live: _Live) -> None:
+        """On the IO loop: one request from POST to RequestFinished (or a typed error)."""
+        rid = live.request.request_id
+        ids = live.request.prompt_token_ids
+        reply = ReplyAssembler(rid, live.submitted_at, len(ids) if ids is not None else None)
+        path, body = self._body(live)
+        http = self._http
+        assert http is not None
+        answered = False
+        try:
+            async with http.stream("POST", path, json=body) as response:
+                answered = True
+                if response.status_code != 200:
+                    raise await self._refusal(live, response)
+                accepted = reply.accept()  # token prompts: the length is known already
+                if accepted is not None:
+                    live.put(accepted)
+                decoder = SseDecoder()
+                async for raw in response.aiter_bytes():
+                    arrived = time.perf_counter()  # one time for all of this read
+                    for data in decoder.feed(raw):
+                        if data.strip() == "[DONE]":
+                            live.put(reply.finish(time.perf_counter()))
+                            self._saw_timings(reply)
+                            return
+                        for event in reply.on_chunk(json.loads(data), arrived):
+                            live.put(event)
+                        live.tokens = reply.tokens
+            if reply.finished_by_server:
+                live.put(reply.finish(time.perf_counter()))
+                return
+            raise ConnectionLost(
+                reply.tokens, self.url, "the stream ended before the reply finished"
+            )
+        except asyncio.CancelledError:
+            if not live.done:
+                live.put(reply.finish(time.perf_counter(), "abort"))
+            raise
+        except StreamError as exc:
+            live.put(RequestRejected(rid, f"the server stopped the reply: {exc.message}"))
+        except KvscopeError as exc:
+            live.put(exc)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if answered:
+                live.put(ConnectionLost(reply.tokens, self.url, describe(exc)))
+            else:
+                live.put(ServerUnreachable(self.url, describe(exc)))
+        except httpx.TransportError as exc:
+            live.put(ConnectionLost(reply.tokens, self.url, describe(exc)))
+        except ValueError as exc:  # a chunk that is not JSON
+            live.put(ConnectionLost(reply.tokens, self.url, f"garbled stream: {exc}"))
+        except Exception as exc:  # never leave the consumer waiting
+            log.exception("kvscope: remote request failed")
+            live.put(RequestRejected(rid, f"unexpected client error: {exc}"))
+
+    def _saw_timings(self, reply: ReplyAssembler) -> None:
+        self._server_timings = reply.metrics is not None
+
+    async def _refusal(self, live: _Live, response: httpx.Response) -> KvscopeError:
+        """The typed error for a non-200 answer to a request."""
+        body = await response.aread()
+        if response.status_code in (401, 403):
+            return AuthRequired(self.url, response.status_code, key_sent=bool(self.api_key))
+        message = error_message(body)
+        too_long = parse_too_long(message) if response.status_code == 400 else None
+        card = self._card
+        if too_long is not None:
+            count = too_long.prompt_tokens
+            if count is None:
+                count = await self._exact_prompt_tokens(live)
+            if too_long.max_model_len is not None:
+                limit = too_long.max_model_len
+            elif count is not None:
+                # "max_tokens must be at least 1, got 0": the prompt fills the context.
+                limit = count
+            else:
+                limit = card.max_model_len if card else 0
+            if count is None:
+                count = too_long.lower_bound or limit
+            return PromptTooLong(count, limit)
+        return RequestRejected(
+            live.request.request_id, f"HTTP {response.status_code}: {message[:300]}"
+        )
+
+    async def _exact_prompt_tokens(self, live: _Live) -> int | None:
+        """The server stops counting a long chat at max_model_len + 1: ask /tokenize."""
+        req = live.request
+        if req.prompt_token_ids is not None:
+            return len(req.prompt_token_ids)
+        http = self._http
+        if http is None:
+            return None
+        try:
+            r = await http.post(
+                "/tokenize",
+                json={
+                    "model": self.model,
+                    "messages": [{"role": m.role, "content": m.content} for m in req.messages],
+                    "add_generation_prompt": True,
+                },
+            )
+            count = r.json().get("count") if r.status_code == 200 else None
+            return int(count) if isinstance(count, int) else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def abort(self, request_id: str) -> None:
+        """Close that request's stream; vLLM aborts a request whose client went away."""
+        live = self._live.get(request_id)
+        if live is not None and live.future is not None and not live.done:
+            live.future.cancel()
+
+    # -- prompts -------------------------------------------------------------------------------
+    def _require_prompts(self) -> RemotePrompts:
+        if self._prompts is None:
+            raise EngineDied("the remote engine is not attached; call start() first")
+        return self._prompts
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        """The server's own chat template and tokenizer, through POST /tokenize."""
+        return self._wrap(lambda: self._require_prompts().chat_ids(messages))
+
+    def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
+        return self._wrap(lambda: self._require_prompts().synthetic(num_tokens, suffix, seed))
+
+    def _wrap(self, call: Callable[[], tuple[int, ...]]) -> tuple[int, ...]:
+        try:
+            return call()
+        except ServerAnswer as exc:
+            raise EngineStartFailed(
+                f"{self.url}/tokenize answered HTTP {exc.status}: {exc.message}"
+            ) from exc
+
+    # -- sessions (one per chat; KV events name the session that stored each block) ---------
+    @staticmethod
+    def _new_session_name() -> str:
+        return f"kvscope-{uuid.uuid4().hex[:8]}"
+
+    def new_session(self, session_id: str | None = None) -> str:
+        """Start a new chat: later requests carry this session ID (a fresh one if None)."""
+        self.session_id = session_id or self._new_session_name()
+        return self.session_id
+
+    def session_of(self, request_id: str) -> str | None:
+        """The session ID a request was sent with."""
+        return self._sessions.get(request_id)
+
+    # -- engine state: /metrics ----------------------------------------------------------------
+    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        """StepSamples made from scrapes (see REMOTE_LIMITS): one per scrape."""
+        return self._listeners.add(listener)
+
+    def add_scrape_listener(self, listener: ScrapeListener) -> Callable[[], None]:
+        """The full ScrapeSample of every scrape, from the scraper's thread."""
+        return self._scrape_listeners.add(listener)
+
+    @property
+    def last_scrape(self) -> ScrapeSample | None:
+        return self._last_scrape
+
+    def _start_scraper(self, state: ScrapeState) -> None:
+        client = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=5.0)
+        path = self.metrics_path
+        self._scraper = MetricsScraper(
+            fetch=lambda: client.text(path),
+            state=state,
+            on_sample=self._on_scrape,
+            on_status=self._on_scrape_status,
+            classify=self._classify_scrape_error,
+            interval_s=self.scrape_interval_s,
+        )
+        self._scraper.status = self._scrape_status
+        self._scraper.start()
+        self._scrape_client = client
+
+    def _on_scrape(self, sample: ScrapeSample, cache: CacheInfo | None) -> None:
+        self._last_scrape = sample
+        if cache is not None and cache != self._cache:
+            self._cache = cache
+            if self._card is not None:
+                self._card = dataclasses.replace(
+                    self._card,
+                    block_size=cache.block_size,
+                    total_blocks=cache.total_blocks,
+                    unknown=tuple(
+                        f for f in self._card.unknown if f not in ("block_size", "total_blocks")
+                    ),
+                )
+        self._scrape_listeners.emit(sample)
+        self._listeners.emit(step_sample(sample))
+
+    def _on_scrape_status(self, status: ScrapeStatus) -> None:
+        was_reachable = self._scrape_status.reachable
+        self._scrape_status = status
+        if status.reachable and not was_reachable:
+            self._reattach()
+
+    def _reattach(self) -> None:
+        """The server answers again after being gone: refresh the card, reset the index."""
+        self.attachments += 1
+        if self._kv is not None:
+            self._kv.reset()
+        client = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=5.0)
+        try:
+            model, max_len, _root = self._pick_model(client)
+            if self._card is not None and (model, max_len) != (
+                self._card.name,
+                self._card.max_model_len,
+            ):
+                self._card = dataclasses.replace(self._card, name=model, max_model_len=max_len)
+                self.model = model
+        except (KvscopeError, ServerAnswer) as exc:
+            log.info("kvscope: re-attach to %s: %s", self.url, exc)
+        finally:
+            client.close()
+
+    def _metrics_missing(self, exc: BaseException | None) -> ScrapeStatus:
+        why = f" ({exc})" if exc else ""
+        return ScrapeStatus(
+            True,
+            False,
+            f"The server at {self.url} gives no vLLM metrics at {self.metrics_path}{why}, so "
+            "KV usage, queues and server-side latencies cannot be shown; chat still works. "
+            "vLLM serves /metrics unless a proxy hides it.",
+        )
+
+    def _classify_scrape_error(self, exc: BaseException) -> ScrapeStatus:
+        if isinstance(exc, ServerUnreachable):
+            return ScrapeStatus(
+                False,
+                False,
+                f"The server at {self.url} does not answer ({exc.detail}); kvscope re-attaches "
+                "when it is back.",
+            )
+        if isinstance(exc, AuthRequired):
+            return ScrapeStatus(True, False, exc.plain())
+        return self._metrics_missing(exc)
+
+    # -- the prefix-cache index: KV events -----------------------------------------------------
+    def _start_kv_events(self, control: ServerClient) -> None:
+        self._index = PrefixCacheIndex()
+        setting = self.kv_events_setting
+        if setting is None:
+            self._kv_note = "KV events are off in this client. " + NO_EVENTS.split(". ", 1)[1]
+            return
+        if setting == "auto":
+            try:
+                config = control.json("GET", "/kv_event_sources")
+            except (ServerAnswer, KvscopeError) as exc:
+                config = {}
+                log.info("kvscope: /kv_event_sources: %s", exc)
+            if not isinstance(config, dict):
+                config = {}
+        else:
+            config = {"0": {"enable_kv_cache_events": True, "endpoint": setting}}
+        sources, note = plan_sources(config, url_host(self.url))
+        if not sources:
+            self._kv_note = note
+            return
+        subscriber = KvEventSubscriber(sources, self._index)
+        problem = subscriber.start()
+        if problem:
+            self._kv_note = problem
+            return
+        self._kv = subscriber
+        self._kv_note = ""
+
+    def prefix_cache(self) -> PrefixCacheView:
+        """The cached blocks the server reported, by hash and session; never block IDs."""
+        kv = self._kv
+        return self._index.view(
+            replayed=kv.replayed if kv else 0,
+            missed=kv.missed if kv else 0,
+            receiving=kv.receiving if kv else False,
+            note=self._kv_events_note(),
+        )
+
+    def _kv_events_note(self) -> str:
+        kv = self._kv
+        if kv is None:
+            return self._kv_note
+        if self._cache is not None and self._cache.prefix_caching is False:
+            return (
+                "The server runs without prefix caching, so it caches no blocks and sends no "
+                f"KV events; start it with {KV_EVENTS_FLAGS}."
+            )
+        if not kv.receiving:
+            size = self._cache.block_size if self._cache else 0
+            fill = f" of {size} tokens" if size else ""
+            return (
+                "Listening for KV events; none yet. The server sends them when a prompt "
+                f"fills a whole block{fill}."
+            )
+        blocks = len(self._index)
+        return f"{blocks:,} cached blocks known from KV events (by hash; no block IDs)."
+
+    # -- what can be shown -----------------------------------------------------------------------
+    @property
+    def capabilities(self) -> RemoteCapabilities:
+        status = self._scrape_status
+        kv = self._kv
+        return RemoteCapabilities(
+            url=self.url,
+            reachable=status.reachable,
+            metrics=status.available,
+            metrics_note=status.note,
+            kv_events=kv is not None and kv.receiving,
+            kv_events_note=self._kv_events_note(),
+            server_timings=self._server_timings,
+            notes=REMOTE_LIMITS,
+        )
+
+
+if TYPE_CHECKING:  # mypy checks that RemoteEngine keeps to the Engine protocol
+    from engine.protocol import Engine
+
+    _conforms: Engine = RemoteEngine("http://127.0.0.1:8000")

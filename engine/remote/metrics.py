@@ -1,0 +1,419 @@
+"""A vLLM server's state from its Prometheus /metrics text.
+
+Parsing is prometheus_client's own (`text_string_to_metric_families`); nothing here reads
+the text by hand. `ScrapeState` turns consecutive scrapes into ScrapeSamples: gauges as
+they are, counters as rates between scrapes, histograms as deltas since attach. Every
+metric carries an `engine` label (the data-parallel rank): each label gets its own row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.events import EngineRow, HistogramDelta, ScrapeSample, StepSample
+
+log = logging.getLogger("kvscope")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+CACHE_INFO = "vllm:cache_config_info"
+
+COUNTERS = {
+    "prompt": "vllm:prompt_tokens_total",
+    "generation": "vllm:generation_tokens_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "queries": "vllm:prefix_cache_queries_total",
+    "hits": "vllm:prefix_cache_hits_total",
+}
+HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "queue_time": "vllm:request_queue_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+
+Labels = dict[str, str]
+
+
+@dataclass
+class ParsedMetrics:
+    """Every sample of one /metrics text, by sample name (`..._total`, `..._bucket`)."""
+
+    samples: dict[str, list[tuple[Labels, float]]] = field(default_factory=dict)
+
+    def get(self, name: str) -> list[tuple[Labels, float]]:
+        return self.samples.get(name, [])
+
+    @property
+    def has_vllm(self) -> bool:
+        return any(name.startswith("vllm:") for name in self.samples)
+
+
+def parse_metrics(text: str) -> ParsedMetrics:
+    parsed = ParsedMetrics()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            parsed.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return parsed
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """The KV pool as `vllm:cache_config_info` tells it."""
+
+    block_size: int
+    num_gpu_blocks: int  # as reported: summed over data-parallel engines
+    engines: tuple[str, ...]
+    kv_cache_size_tokens: int | None
+    prefix_caching: bool | None
+    cache_dtype: str
+
+    @property
+    def blocks_per_engine(self) -> int:
+        """Usable blocks of one engine: its share of num_gpu_blocks less the null block."""
+        n = max(1, len(self.engines))
+        return max(0, self.num_gpu_blocks // n - 1)
+
+    @property
+    def total_blocks(self) -> int:
+        return self.blocks_per_engine * max(1, len(self.engines))
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def cache_info(parsed: ParsedMetrics) -> CacheInfo | None:
+    rows = parsed.get(CACHE_INFO)
+    if not rows:
+        return None
+    labels = rows[0][0]
+    block_size = _int(labels.get("block_size")) or 0
+    blocks = _int(labels.get("num_gpu_blocks")) or 0
+    engines = tuple(sorted({lab.get("engine", "0") for lab, _ in rows}, key=_engine_key))
+    caching = labels.get("enable_prefix_caching")
+    return CacheInfo(
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+        engines=engines,
+        kv_cache_size_tokens=_int(labels.get("kv_cache_size_tokens")),
+        prefix_caching=None if caching is None else caching == "True",
+        cache_dtype=labels.get("cache_dtype", "auto"),
+    )
+
+
+def _engine_key(engine: str) -> tuple[int, str]:
+    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+
+
+@dataclass
+class _Snapshot:
+    """One scrape reduced to what ScrapeState needs, per engine label."""
+
+    counters: dict[str, dict[str, float]]  # engine -> counter key -> value
+    running: dict[str, float]
+    waiting: dict[str, float]
+    waiting_by_reason: dict[str, dict[str, float]]
+    usage: dict[str, float]
+    histograms: dict[str, tuple[dict[float, float], float, float]]  # key -> buckets, count, sum
+
+
+def _mine(labels: Labels, model: str | None) -> bool:
+    return model is None or labels.get("model_name", model) == model
+
+
+def _snapshot(parsed: ParsedMetrics, model: str | None) -> _Snapshot:
+    names = {lab.get("model_name") for rows in parsed.samples.values() for lab, _ in rows}
+    if model not in names:
+        model = None  # served under another name: take every row
+
+    def per_engine(name: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for labels, value in parsed.get(name):
+            if _mine(labels, model):
+                engine = labels.get("engine", "0")
+                out[engine] = out.get(engine, 0.0) + value
+        return out
+
+    counters: dict[str, dict[str, float]] = {}
+    for key, name in COUNTERS.items():
+        for engine, value in per_engine(name).items():
+            counters.setdefault(engine, {})[key] = value
+    by_reason: dict[str, dict[str, float]] = {}
+    for labels, value in parsed.get(WAITING_BY_REASON):
+        if _mine(labels, model):
+            engine = labels.get("engine", "0")
+            by_reason.setdefault(engine, {})[labels.get("reason", "?")] = value
+    histograms: dict[str, tuple[dict[float, float], float, float]] = {}
+    for key, name in HISTOGRAMS.items():
+        buckets: dict[float, float] = {}
+        for labels, value in parsed.get(name + "_bucket"):
+            if _mine(labels, model) and "le" in labels:
+                le = float(labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + value
+        count = sum(per_engine(name + "_count").values())
+        total = sum(per_engine(name + "_sum").values())
+        histograms[key] = (buckets, count, total)
+    return _Snapshot(
+        counters=counters,
+        running=per_engine(RUNNING),
+        waiting=per_engine(WAITING),
+        waiting_by_reason=by_reason,
+        usage=per_engine(KV_USAGE),
+        histograms=histograms,
+    )
+
+
+def _went_back(now: _Snapshot, before: _Snapshot) -> bool:
+    """A counter below its earlier value: the server restarted."""
+    for engine, values in before.counters.items():
+        for key, old in values.items():
+            if now.counters.get(engine, {}).get(key, old) < old:
+                return True
+    for key, (_, old_count, _) in before.histograms.items():
+        if now.histograms.get(key, ({}, old_count, 0.0))[1] < old_count:
+            return True
+    return False
+
+
+def _histogram_delta(
+    name: str,
+    now: tuple[dict[float, float], float, float],
+    base: tuple[dict[float, float], float, float] | None,
+) -> HistogramDelta:
+    buckets, count, total = now
+    b_buckets, b_count, b_total = base if base is not None else ({}, 0.0, 0.0)
+    rows = tuple(
+        (le, max(0, round(value - b_buckets.get(le, 0.0)))) for le, value in sorted(buckets.items())
+    )
+    return HistogramDelta(
+        name=name,
+        buckets=rows,
+        count=max(0, round(count - b_count)),
+        total=max(0.0, total - b_total),
+    )
+
+
+class ScrapeState:
+    """Consecutive scrapes of one server into ScrapeSamples (deltas since attach)."""
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model
+        self._base: _Snapshot | None = None
+        self._prev: _Snapshot | None = None
+        self._prev_time: float | None = None
+        self._seq = 0
+        self.restarted = False
+
+    def update(self, parsed: ParsedMetrics, now: float, cache: CacheInfo | None) -> ScrapeSample:
+        snap = _snapshot(parsed, self.model)
+        if self._base is None:
+            self._base = snap
+        elif _went_back(snap, self._prev or self._base):
+            # Counters started again from zero: deltas now run from the restart.
+            self._base = _Snapshot({}, {}, {}, {}, {}, {})
+            self._prev = None
+            self.restarted = True
+        prev = self._prev
+        interval = now - self._prev_time if self._prev_time is not None else 0.0
+        self._prev, self._prev_time = snap, now
+        self._seq += 1
+        base = self._base
+
+        per_engine_blocks = cache.blocks_per_engine if cache else 0
+        engines = sorted(
+            set(snap.usage) | set(snap.running) | set(snap.waiting) | set(snap.counters),
+            key=_engine_key,
+        )
+
+        def delta(engine: str, key: str, since: _Snapshot | None) -> float:
+            now_v = snap.counters.get(engine, {}).get(key, 0.0)
+            then = since.counters.get(engine, {}).get(key, 0.0) if since else 0.0
+            return max(0.0, now_v - then)
+
+        rows = []
+        for engine in engines:
+            usage = snap.usage.get(engine, 0.0)
+            queries = delta(engine, "queries", base)
+            rows.append(
+                EngineRow(
+                    engine=engine,
+                    running=round(snap.running.get(engine, 0.0)),
+                    waiting=round(snap.waiting.get(engine, 0.0)),
+                    waiting_by_reason=tuple(
+                        (reason, round(v))
+                        for reason, v in sorted(snap.waiting_by_reason.get(engine, {}).items())
+                    ),
+                    kv_usage=usage,
+                    used_blocks=round(usage * per_engine_blocks),
+                    total_blocks=per_engine_blocks,
+                    preemptions=round(delta(engine, "preemptions", base)),
+                    prompt_tokens_per_s=_rate(delta(engine, "prompt", prev), interval, prev),
+                    generation_tokens_per_s=_rate(
+                        delta(engine, "generation", prev), interval, prev
+                    ),
+                    prefix_cache_hit_rate=(
+                        delta(engine, "hits", base) / queries if queries > 0 else None
+                    ),
+                )
+            )
+        prompt = sum(delta(e, "prompt", prev) for e in engines) if prev else 0.0
+        generation = sum(delta(e, "generation", prev) for e in engines) if prev else 0.0
+        queries = sum(delta(e, "queries", base) for e in engines)
+        hits = sum(delta(e, "hits", base) for e in engines)
+        reasons: dict[str, int] = {}
+        for row in rows:
+            for reason, n in row.waiting_by_reason:
+                reasons[reason] = reasons.get(reason, 0) + n
+        hists = {
+            key: _histogram_delta(name, snap.histograms[key], base.histograms.get(key))
+            for key, name in HISTOGRAMS.items()
+        }
+        used = sum(r.used_blocks for r in rows)
+        total = per_engine_blocks * max(1, len(rows)) if per_engine_blocks else 0
+        return ScrapeSample(
+            seq=self._seq,
+            time_s=now,
+            interval_s=interval,
+            rows=tuple(rows),
+            running=sum(r.running for r in rows),
+            waiting=sum(r.waiting for r in rows),
+            waiting_by_reason=tuple(sorted(reasons.items())),
+            kv_usage=(sum(r.kv_usage for r in rows) / len(rows)) if rows else 0.0,
+            used_blocks=used,
+            total_blocks=total,
+            block_size=cache.block_size if cache else 0,
+            preemptions=sum(r.preemptions for r in rows),
+            new_preemptions=round(sum(delta(e, "preemptions", prev) for e in engines))
+            if prev
+            else 0,
+            prompt_tokens=round(prompt),
+            generation_tokens=round(generation),
+            prompt_tokens_per_s=sum(r.prompt_tokens_per_s for r in rows),
+            generation_tokens_per_s=sum(r.generation_tokens_per_s for r in rows),
+            prefix_cache_hit_rate=hits / queries if queries > 0 else None,
+            **hists,
+            server_restarted=self.restarted,
+        )
+
+
+def _rate(amount: float, interval: float, prev: _Snapshot | None) -> float:
+    return amount / interval if prev is not None and interval > 0 else 0.0
+
+
+def step_sample(sample: ScrapeSample) -> StepSample:
+    """The StepSample the shared engine panels take; one scrape stands in for a step.
+
+    prefill/decode are the prompt and generation token counters' growth since the previous
+    scrape (all requests, whole interval), not one step's split; no block IDs are known.
+    """
+    return StepSample(
+        step=sample.seq,
+        started_at=sample.time_s - sample.interval_s,
+        duration_s=sample.interval_s,
+        prefill_tokens=sample.prompt_tokens,
+        decode_tokens=sample.generation_tokens,
+        running=sample.running,
+        waiting=sample.waiting,
+        kv_usage=sample.kv_usage,
+        free_blocks=max(0, sample.total_blocks - sample.used_blocks),
+        total_blocks=sample.total_blocks,
+        block_size=sample.block_size,
+        preemptions=sample.new_preemptions,
+    )
+
+
+@dataclass(frozen=True)
+class ScrapeStatus:
+    reachable: bool
+    available: bool
+    note: str
+
+
+class MetricsScraper:
+    """Scrapes /metrics on its own thread at `interval_s`, slower while it fails.
+
+    `fetch` returns the text or raises; `on_sample` gets each ScrapeSample; `on_status`
+    hears every change between working, missing (the server answers, /metrics does not)
+    and unreachable.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[], str],
+        state: ScrapeState,
+        on_sample: Callable[[ScrapeSample, CacheInfo | None], None],
+        on_status: Callable[[ScrapeStatus], None],
+        classify: Callable[[BaseException], ScrapeStatus],
+        interval_s: float = 0.2,
+        retry_s: float = 1.0,
+    ) -> None:
+        self.fetch = fetch
+        self.state = state
+        self.on_sample = on_sample
+        self.on_status = on_status
+        self.classify = classify
+        self.interval_s = interval_s
+        self.retry_s = retry_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.status = ScrapeStatus(True, True, "")
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kvscope-scrape", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _set(self, status: ScrapeStatus) -> None:
+        if status != self.status:
+            self.status = status
+            with contextlib.suppress(Exception):
+                self.on_status(status)
+
+    def scrape_once(self) -> ScrapeSample | None:
+        try:
+            text = self.fetch()
+            parsed = parse_metrics(text)
+        except Exception as exc:
+            self._set(self.classify(exc))
+            return None
+        if not parsed.has_vllm:
+            self._set(
+                ScrapeStatus(
+                    True, False, "the metrics endpoint answered, but with no vllm: metrics"
+                )
+            )
+            return None
+        cache = cache_info(parsed)
+        sample = self.state.update(parsed, time.perf_counter(), cache)
+        self._set(ScrapeStatus(True, True, ""))
+        try:
+            self.on_sample(sample, cache)
+        except Exception:
+            log.exception("kvscope: scrape listener failed")
+        return sample
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            sample = self.scrape_once()
+            wait = self.interval_s if sample is not None else self.retry_s
+            self._stop.wait(max(0.0, wait - (time.perf_counter() - began)))

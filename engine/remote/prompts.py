@@ -1,0 +1,99 @@
+"""Exact prompts through the server's own tokenizer (`POST /tokenize`), with no local one.
+
+A synthetic prompt is the chat template's head and tail (found by tokenizing two chats
+that differ only in the user's words), random filler token IDs between them, then the
+suffix. IDs are joined, never re-tokenized, and sent to /v1/completions as a token list,
+so the server sees exactly as many prompt tokens as asked for.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+
+from engine.events import ChatMessage
+from engine.remote.client import ServerClient
+
+FILLER_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+    "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu "
+    "river mountain garden window silver market forest castle winter summer harbor island "
+    "engine signal number letter bridge candle meadow rocket planet library kitchen pocket "
+    "yellow purple orange copper marble velvet thunder shadow morning evening journey "
+    "question answer pattern measure balance circle square triangle valley canyon desert "
+    "ocean breeze pepper ginger butter cotton leather paper pencil basket ladder button "
+    "camera guitar violin trumpet dragon falcon tiger rabbit turtle salmon spider monkey"
+)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RemotePrompts:
+    """Token IDs from the server's tokenizer and chat template; cached once learned."""
+
+    def __init__(self, client: ServerClient, model: str) -> None:
+        self.client = client
+        self.model = model
+        self._lock = threading.Lock()
+        self._frame: tuple[list[int], list[int]] | None = None
+        self._filler: list[int] | None = None
+
+    def chat_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        with self._lock:
+            ids = self.client.tokenize_messages(
+                self.model, [{"role": m.role, "content": m.content} for m in messages]
+            )
+        return tuple(ids)
+
+    def frame(self) -> tuple[list[int], list[int]]:
+        """The template's tokens before and after a user message's content."""
+        if self._frame is None:
+            with self._lock:
+                one = self.client.tokenize_messages(self.model, [{"role": "user", "content": "x"}])
+                two = self.client.tokenize_messages(
+                    self.model, [{"role": "user", "content": "hello there"}]
+                )
+            head = _common_prefix(one, two)
+            tail = _common_prefix(one[::-1], two[::-1])
+            tail = min(tail, len(one) - head, len(two) - head)
+            self._frame = (two[:head], two[len(two) - tail :] if tail else [])
+        return self._frame
+
+    def filler(self) -> list[int]:
+        if self._filler is None:
+            with self._lock:
+                ids = self.client.tokenize_text(self.model, " " + FILLER_WORDS)
+            self._filler = list(dict.fromkeys(ids))  # distinct, in order
+        return self._filler
+
+    def synthetic(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
+        """Exactly `num_tokens` IDs: template head, seeded random filler, suffix, tail."""
+        if num_tokens <= 0:
+            raise ValueError("num_tokens must be positive")
+        head, tail = self.frame()
+        filler = self.filler()
+        if not filler:
+            raise ValueError("the server's tokenizer gave no filler tokens")
+        if suffix:
+            with self._lock:
+                user = self.client.tokenize_text(self.model, " " + suffix)
+        else:
+            user = []
+        rng = random.Random(seed)
+        room = num_tokens - len(head) - len(user) - len(tail)
+        if room < 0:
+            # Too short for the template: filler only, still exactly num_tokens.
+            ids = [rng.choice(filler) for _ in range(num_tokens)]
+        else:
+            ids = head + [rng.choice(filler) for _ in range(room)] + user + tail
+        if len(ids) != num_tokens:  # cannot happen; the count is the whole point
+            raise AssertionError(f"synthetic prompt has {len(ids)} tokens, not {num_tokens}")
+        return tuple(ids)

@@ -1,0 +1,341 @@
+"""RemoteEngine against a real vLLM CPU server on 127.0.0.1 (see tests/remote_server.py).
+
+One server for the whole session (25-40 s to start on 2 cores), started with --api-key:
+every test sends the right key except the ones about keys. The last test kills that
+server mid-stream and starts it again on the same ports, so nothing else needs a second
+server. Only one engine may listen for KV events at a time (it binds the address the
+server's PUB socket connects to): the shared `remote` engine does; the others pass
+kv_events=None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+from remote_server import API_KEY, BLOCK_SIZE, MAX_MODEL_LEN, VllmServer
+
+from engine.errors import AuthRequired, ConnectionLost, PromptTooLong, ServerUnreachable
+from engine.events import (
+    ChatMessage,
+    EngineEvent,
+    GenerationRequest,
+    RequestAccepted,
+    RequestFinished,
+    SamplingSettings,
+    ScrapeSample,
+    StepSample,
+    TokenEvent,
+)
+from engine.remote import RemoteEngine
+
+pytestmark = pytest.mark.engine
+
+LONG_CHAT = "Tell me how ships find their way across the ocean at night. " * 16
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    server = VllmServer().start()
+    print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
+    yield server
+    server.stop()
+    assert not server.group_alive(), "a vLLM server process outlived the tests"
+
+
+@pytest.fixture(scope="module")
+def remote(vllm_server: VllmServer) -> Iterator[RemoteEngine]:
+    engine = RemoteEngine(vllm_server.url, api_key=API_KEY)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
+    return [e async for e in events]
+
+
+def finished(events: list[EngineEvent]) -> RequestFinished:
+    last = events[-1]
+    assert isinstance(last, RequestFinished), events[-3:]
+    return last
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def chat(rid: str, text: str, max_tokens: int = 16) -> GenerationRequest:
+    return GenerationRequest(
+        rid, messages=(ChatMessage("user", text),), sampling=SamplingSettings(max_tokens)
+    )
+
+
+async def test_chat_streams_with_server_timings(remote: RemoteEngine) -> None:
+    card = remote.card
+    assert card is not None
+    assert (card.max_model_len, card.block_size) == (MAX_MODEL_LEN, BLOCK_SIZE)
+    assert card.total_blocks > 0 and "num_layers" in card.unknown and card.num_layers == 0
+
+    before = time.perf_counter()
+    events = await collect(remote.stream(chat("c1", "Say hello in five words.")))
+    accepted, tokens, fin = events[0], events[1:-1], finished(events)
+    assert isinstance(accepted, RequestAccepted) and accepted.submitted_at >= before
+    template = remote.chat_prompt_ids((ChatMessage("user", "Say hello in five words."),))
+    assert accepted.prompt_tokens == len(template)
+    assert tokens and all(isinstance(t, TokenEvent) for t in tokens)
+    assert "".join(t.text for t in tokens if isinstance(t, TokenEvent)).strip()
+    n = sum(len(t.token_ids) for t in tokens if isinstance(t, TokenEvent))
+    assert fin.output_tokens == n and fin.reason in ("stop", "length")
+    assert fin.prompt_tokens == accepted.prompt_tokens
+    assert fin.ttft_s is not None and 0 < fin.ttft_s <= fin.e2e_s
+    assert len(fin.itl_s) == n - 1
+    assert fin.server is not None and fin.server.ttft_s is not None
+    assert fin.server.ttft_s <= fin.ttft_s  # the server's clock starts later, at scheduling
+    assert remote.session_of("c1") == remote.session_id
+    assert remote.capabilities.server_timings is True
+
+
+async def test_synthetic_prompt_is_exact_and_ttft_grows(remote: RemoteEngine) -> None:
+    ttft: dict[int, float] = {}
+    server_ttft: dict[int, float] = {}
+    for n in (64, 900):
+        best = best_server = float("inf")
+        for seed in (101, 102):  # fresh seeds: no prefix-cache hits; best of two
+            ids = remote.synthetic_prompt(n, "Now summarise.", seed=seed + n)
+            assert len(ids) == n
+            request = GenerationRequest(
+                f"s{n}-{seed}", prompt_token_ids=ids, sampling=SamplingSettings(4, ignore_eos=True)
+            )
+            events = await collect(remote.stream(request))
+            fin = finished(events)
+            assert isinstance(events[0], RequestAccepted) and events[0].prompt_tokens == n
+            assert fin.prompt_tokens == n  # the server's usage block
+            assert fin.output_tokens == 4
+            assert fin.ttft_s is not None and fin.server is not None
+            assert fin.server.ttft_s is not None
+            best = min(best, fin.ttft_s)
+            best_server = min(best_server, fin.server.ttft_s)
+        ttft[n], server_ttft[n] = best, best_server
+    print(f"\nTTFT client {ttft} server {server_ttft}")
+    assert ttft[900] > 1.5 * ttft[64]
+    assert server_ttft[900] > 1.5 * server_ttft[64]
+
+
+async def test_scraped_kv_usage_rises_then_falls(remote: RemoteEngine) -> None:
+    scrapes: list[ScrapeSample] = []
+    steps: list[StepSample] = []
+    remove = remote.add_scrape_listener(scrapes.append)
+    remove_steps = remote.add_step_listener(steps.append)
+    try:
+        assert wait_for(lambda: bool(scrapes) and scrapes[-1].kv_usage == 0.0)
+        start = len(scrapes)
+        ids = remote.synthetic_prompt(900, seed=7)
+        request = GenerationRequest(
+            "kv-rise", prompt_token_ids=ids, sampling=SamplingSettings(48, ignore_eos=True)
+        )
+        fin = finished(await collect(remote.stream(request)))
+        peak = max(s.kv_usage for s in scrapes[start:])
+        assert wait_for(lambda: scrapes[-1].kv_usage == 0.0 and scrapes[-1].running == 0, 5)
+    finally:
+        remove()
+        remove_steps()
+    during = scrapes[start:]
+    blocks_needed = -(-(900 + 47) // BLOCK_SIZE)
+    print(f"\nKV usage peak {peak:.3f} over {len(during)} scrapes; TTFT {fin.ttft_s:.3f} s")
+    assert peak >= 0.9 * blocks_needed / during[0].total_blocks
+    assert max(s.used_blocks for s in during) >= blocks_needed - 2
+    assert max(s.running for s in during) == 1
+    assert during[-1].kv_usage == 0.0
+    # Counter growth between scrapes adds up to this request's tokens (nothing else ran).
+    assert sum(s.prompt_tokens for s in during) == 900
+    assert sum(s.generation_tokens for s in during) == 48
+    assert any(s.generation_tokens_per_s > 0 for s in during)
+    assert during[-1].ttft.count >= 1 and during[-1].itl.count >= 47
+    row = during[-1].rows[0]
+    assert row.engine == "0" and row.total_blocks == during[-1].total_blocks
+    # The same scrapes reach step listeners as StepSamples.
+    assert min(s.free_blocks for s in steps) <= steps[0].total_blocks - (blocks_needed - 2)
+
+
+async def test_kv_events_land_under_the_chat_session(remote: RemoteEngine) -> None:
+    first = remote.new_session("chat-kv-one")
+    fin = finished(await collect(remote.stream(chat("kv1", LONG_CHAT, 8))))
+    full_blocks = fin.prompt_tokens // BLOCK_SIZE
+    assert full_blocks >= 3
+
+    def mine(session: str) -> list[object]:
+        return [b for b in remote.prefix_cache().blocks if b.session_id == session]
+
+    assert wait_for(lambda: len(mine(first)) >= full_blocks, 5), remote.prefix_cache().note
+    view = remote.prefix_cache()
+    blocks = [b for b in view.blocks if b.session_id == first]
+    assert all(b.num_tokens == BLOCK_SIZE for b in blocks)
+    assert all(isinstance(b.block_hash, int) for b in blocks)  # hashes, never block IDs
+    assert view.receiving and remote.capabilities.kv_events
+
+    # The same chat in a new session: a prefix-cache hit, reported under the new session.
+    second = remote.new_session("chat-kv-two")
+    again = finished(await collect(remote.stream(chat("kv2", LONG_CHAT, 8))))
+    assert again.server is not None and (again.server.cached_prompt_tokens or 0) >= BLOCK_SIZE
+
+    def shared() -> int:
+        return sum(1 for b in remote.prefix_cache().blocks if b.touched_by[:2] == (first, second))
+
+    assert wait_for(lambda: shared() >= full_blocks - 1, 5)
+
+
+async def test_prompt_too_long_then_next_request_works(remote: RemoteEngine) -> None:
+    # Token IDs: checked before sending, with the server's rule (prompt < max_model_len).
+    for n in (MAX_MODEL_LEN, MAX_MODEL_LEN + 76):
+        ids = tuple([1000] * n)
+        with pytest.raises(PromptTooLong) as info:
+            await collect(remote.stream(GenerationRequest(f"long{n}", prompt_token_ids=ids)))
+        assert (info.value.prompt_tokens, info.value.max_model_len) == (n, MAX_MODEL_LEN)
+
+    # A chat: the server refuses with a 400 and counts only to max_model_len + 1; the exact
+    # count comes from /tokenize.
+    text = "hello " * 1200
+    exact = len(remote.chat_prompt_ids((ChatMessage("user", text),)))
+    with pytest.raises(PromptTooLong) as info:
+        await collect(remote.stream(chat("long-chat", text)))
+    assert (info.value.prompt_tokens, info.value.max_model_len) == (exact, MAX_MODEL_LEN)
+    assert f"{exact:,} tokens" in info.value.plain() and "1,024" in info.value.plain()
+
+    fin = finished(await collect(remote.stream(chat("after-long", "Hi!", 4))))
+    assert fin.output_tokens > 0
+
+
+async def test_server_refusal_of_token_prompt_is_read(vllm_server: VllmServer) -> None:
+    """Past the client's own check: the server's 400 text gives the numbers."""
+    engine = RemoteEngine(vllm_server.url, api_key=API_KEY, kv_events=None)
+    card = engine.start()
+    try:
+        # Pretend the card said more, so the request reaches the server.
+        engine._card = dataclasses.replace(card, max_model_len=4 * MAX_MODEL_LEN)
+        for n in (MAX_MODEL_LEN + 76, MAX_MODEL_LEN):
+            with pytest.raises(PromptTooLong) as info:
+                await collect(
+                    engine.stream(GenerationRequest(f"srv{n}", prompt_token_ids=(1000,) * n))
+                )
+            assert (info.value.prompt_tokens, info.value.max_model_len) == (n, MAX_MODEL_LEN)
+    finally:
+        engine.shutdown()
+
+
+async def test_abort_and_walking_away_free_the_server(remote: RemoteEngine) -> None:
+    ids = remote.synthetic_prompt(100, seed=21)
+    request = GenerationRequest(
+        "abort-me", prompt_token_ids=ids, sampling=SamplingSettings(500, ignore_eos=True)
+    )
+    events: list[EngineEvent] = []
+    async for event in remote.stream(request):
+        events.append(event)
+        if sum(isinstance(e, TokenEvent) for e in events) == 3:
+            remote.abort("abort-me")
+    fin = finished(events)
+    assert fin.reason == "abort" and 3 <= fin.output_tokens < 500
+
+    def idle() -> bool:
+        last = remote.last_scrape
+        return last is not None and last.running == 0 and last.kv_usage == 0.0
+
+    assert wait_for(idle, 5)
+
+    # A consumer that stops listening aborts its request too.
+    request = GenerationRequest(
+        "walk-away", prompt_token_ids=ids, sampling=SamplingSettings(500, ignore_eos=True)
+    )
+    got = 0
+    async for event in remote.stream(request):
+        got += isinstance(event, TokenEvent)
+        if got == 2:
+            break
+    assert wait_for(idle, 5)
+
+
+def test_wrong_or_missing_api_key(vllm_server: VllmServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("VLLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(AuthRequired) as info:
+        RemoteEngine(vllm_server.url, api_key="not-the-key", kv_events=None).start()
+    assert info.value.key_sent and info.value.status == 401
+    assert "wants an API key" in info.value.plain() and vllm_server.url in info.value.plain()
+
+    with pytest.raises(AuthRequired) as info:
+        RemoteEngine(vllm_server.url, kv_events=None).start()
+    assert not info.value.key_sent and "wants an API key" in info.value.plain()
+
+    monkeypatch.setenv("VLLM_API_KEY", API_KEY)  # the key from the environment works
+    engine = RemoteEngine(vllm_server.url + "/v1", kv_events=None)
+    try:
+        assert engine.start().max_model_len == MAX_MODEL_LEN
+    finally:
+        engine.shutdown()
+
+
+async def test_metrics_missing_chat_still_works(vllm_server: VllmServer) -> None:
+    engine = RemoteEngine(
+        vllm_server.url, api_key=API_KEY, kv_events=None, metrics_path="/no-metrics-here"
+    )
+    card = engine.start()
+    try:
+        caps = engine.capabilities
+        assert caps.reachable and not caps.metrics
+        assert "/no-metrics-here" in caps.metrics_note and "chat still works" in caps.metrics_note
+        assert "total_blocks" in card.unknown and card.max_model_len == MAX_MODEL_LEN
+        assert "KV events are off" in caps.kv_events_note
+        fin = finished(await collect(engine.stream(chat("no-metrics", "Hello there!", 4))))
+        assert fin.output_tokens > 0
+        assert engine.last_scrape is None
+    finally:
+        engine.shutdown()
+
+
+# Keep this test last: it kills the session's server and starts it again.
+async def test_connection_lost_then_reattach(remote: RemoteEngine, vllm_server: VllmServer) -> None:
+    ids = remote.synthetic_prompt(200, seed=99)
+    request = GenerationRequest(
+        "cut", prompt_token_ids=ids, sampling=SamplingSettings(600, ignore_eos=True)
+    )
+    tokens: list[TokenEvent] = []
+    with pytest.raises(ConnectionLost) as info:
+        async for event in remote.stream(request):
+            if isinstance(event, TokenEvent):
+                tokens.append(event)
+                if len(tokens) == 5:
+                    await asyncio.to_thread(vllm_server.kill_hard)
+    received = sum(len(t.token_ids) for t in tokens)
+    assert received >= 5 and info.value.tokens_received == received
+    assert f"lost after {received:,} tokens" in info.value.plain()
+    assert wait_for(lambda: not remote.capabilities.reachable, 5)
+    assert "re-attaches" in remote.capabilities.metrics_note
+    with pytest.raises(ServerUnreachable) as down:
+        await collect(remote.stream(chat("while-down", "Hi")))
+    assert vllm_server.url in down.value.plain()
+
+    attachments = remote.attachments
+    began = time.perf_counter()
+    vllm_server.start()
+    print(f"\nvLLM server restarted in {time.perf_counter() - began:.1f} s")
+    assert wait_for(lambda: remote.capabilities.reachable and remote.capabilities.metrics, 10)
+    assert remote.attachments == attachments + 1
+
+    session = remote.new_session("after-restart")
+    fin = finished(await collect(remote.stream(chat("back", LONG_CHAT, 8))))
+    assert fin.output_tokens > 0
+
+    def only_new_blocks() -> bool:
+        sessions = {b.session_id for b in remote.prefix_cache().blocks}
+        return sessions == {session}
+
+    # The restarted server's cache is empty: the index forgot the old blocks.
+    assert wait_for(only_new_blocks, 5), remote.prefix_cache().by_session()
