@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.errors import BadOption, KvscopeError
+from engine.errors import BadOption, KvscopeError, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 from engine.protocol import Engine
 from engine.stats import summarize_ms
@@ -102,10 +102,14 @@ class SweepResult:
     points: list[SweepPoint] = field(default_factory=list)
     model: dict[str, Any] | None = None
     hardware: dict[str, Any] | None = None
+    # False while the sweep still runs: a file written point by point says so, and a
+    # sweep stopped half-way leaves a file that says it is partial.
+    complete: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
+            "complete": self.complete,
             "model": self.model,
             "hardware": self.hardware,
             "points": [{**p.row(), "requests": list(p.requests)} for p in self.points],
@@ -141,7 +145,9 @@ class SweepResult:
                     tuple(p.get("requests", ())),
                 )
             )
-        return cls(config, points, data.get("model"), data.get("hardware"))
+        return cls(
+            config, points, data.get("model"), data.get("hardware"), data.get("complete", True)
+        )
 
     def to_csv(self) -> str:
         buf = io.StringIO()
@@ -197,18 +203,41 @@ def floors_for_card(card: Any, output_len: int) -> FloorFn | None:
         return None
 
 
+def check_prompt_fits(prompt_len: int, max_model_len: int) -> None:
+    """vLLM's rule: a prompt needs room for one output token, so max_model_len itself
+    is already too long."""
+    if prompt_len >= max_model_len:
+        raise PromptTooLong(prompt_len, max_model_len)
+
+
 _ids = itertools.count()
 
 
-async def _one_request(engine: Engine, prompt_len: int, output_len: int) -> RequestFinished:
+def _make_request(engine: Engine, prompt_len: int, output_len: int) -> GenerationRequest:
     seed = next(_ids)
     # A new seed per request: no two prompts share a prefix, so prefix caching cannot
     # make a prefill look cheaper than it is.
-    request = GenerationRequest(
+    return GenerationRequest(
         f"bench-{prompt_len}-{seed}",
         prompt_token_ids=engine.synthetic_prompt(prompt_len, seed=1_000_003 * seed + prompt_len),
         sampling=SamplingSettings(max_tokens=output_len, ignore_eos=True),
     )
+
+
+async def _one_request(engine: Engine, prompt_len: int, output_len: int) -> RequestFinished:
+    return await _send(engine, _make_request(engine, prompt_len, output_len))
+
+
+async def _send_together(
+    engine: Engine, requests: list[GenerationRequest]
+) -> list[RequestFinished]:
+    """Send every request in one go: all prompts are built first, so for --concurrency N
+    all N are in the engine's queue before the first step that serves them (building one
+    while the engine already steps on another would shorten the first one's TTFT)."""
+    return list(await asyncio.gather(*(_send(engine, r) for r in requests)))
+
+
+async def _send(engine: Engine, request: GenerationRequest) -> RequestFinished:
     finished = None
     async for event in engine.stream(request):
         if isinstance(event, RequestFinished):
@@ -286,7 +315,8 @@ async def run_sweep(
     # Warm-up at the shortest length: the first requests of a fresh engine pay one-off costs.
     warm_len = min(config.prompt_lens)
     if card is not None:
-        warm_len = min(warm_len, card.max_model_len)
+        # vLLM refuses a prompt of max_model_len tokens: one token short of it is the most.
+        warm_len = min(warm_len, card.max_model_len - 1)
     for _ in range(config.warmup):
         await _one_request(engine, warm_len, min(config.output_len, 8))
         tick()
@@ -294,14 +324,16 @@ async def run_sweep(
         finished: list[RequestFinished] = []
         duration = 0.0
         try:
+            if card is not None:
+                # Before the prompt is built: 10^9 synthetic tokens would take GBs first.
+                check_prompt_fits(prompt_len, card.max_model_len)
             for _ in range(config.runs):
+                batch = [
+                    _make_request(engine, prompt_len, config.output_len)
+                    for _ in range(config.concurrency)
+                ]
                 start = time.perf_counter()
-                finished += await asyncio.gather(
-                    *(
-                        _one_request(engine, prompt_len, config.output_len)
-                        for _ in range(config.concurrency)
-                    )
-                )
+                finished += await _send_together(engine, batch)
                 duration += time.perf_counter() - start
                 tick()
             point = summarize(prompt_len, finished, duration, floors)

@@ -6,9 +6,14 @@ synthetic prompt's length is exact.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
 import random
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.events import ChatMessage
@@ -29,7 +34,46 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> tuple[in
 
 
 def filler_vocabulary(tokenizer: Any) -> list[int]:
-    """Token IDs that decode to one plain lowercase word with a leading space."""
+    """Token IDs that decode to one plain lowercase word with a leading space.
+
+    Decoding 50,000 IDs one at a time takes about 0.3 s, so the list is kept in the cache
+    folder, keyed by the tokenizer's vocabulary, and read back on later runs.
+    """
+    path = _filler_cache_path(tokenizer)
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            cached = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(cached, list) and all(isinstance(i, int) for i in cached):
+                return cached
+    ids = _scan_filler(tokenizer)
+    if path is not None:
+        # A read-only cache folder only costs the next run the same 0.3 s.
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(ids), encoding="utf-8")
+            os.replace(tmp, path)
+    return ids
+
+
+def _filler_cache_path(tokenizer: Any) -> Path | None:
+    try:
+        from engine.paths import cache_dir
+
+        # Cheap to compute: the tokenizer's name, size, and its file's size and mtime.
+        name = str(getattr(tokenizer, "name_or_path", ""))
+        key = [name, len(tokenizer)]
+        tok_file = Path(name) / "tokenizer.json"
+        if tok_file.is_file():
+            st = tok_file.stat()
+            key += [st.st_size, st.st_mtime_ns]
+        digest = hashlib.sha1(json.dumps(key).encode(), usedforsecurity=False).hexdigest()[:16]
+        return cache_dir() / "filler" / f"{digest}.json"
+    except Exception:
+        return None
+
+
+def _scan_filler(tokenizer: Any) -> list[int]:
     word = re.compile(r"^ [a-z]{3,10}$")
     ids = []
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
