@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
+import os
 import re
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from bench.sweep import FloorFn, SweepConfig, SweepResult, make_floors, run_sweep
+from bench.sweep import FloorFn, SweepConfig, SweepPoint, SweepResult, make_floors, run_sweep
 from cli.roofline import parse_int_list, parse_int_option
-from engine.errors import BadOption
+from engine.errors import BadOption, KvscopeError
 
 EXIT_SOME_FAILED = 3
 
@@ -163,38 +168,182 @@ def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
 
 
+class ResultFile:
+    """One --json or --csv output, written again after every point, so a sweep that is
+    stopped or crashes keeps what it measured.
+
+    Each write goes to a temporary file beside the target and is renamed over it, so a
+    reader never sees half a file. If the target cannot be written after all (a full
+    disk, a folder removed mid-sweep), the results go to the temp folder instead, and
+    `problem()` says where.
+    """
+
+    def __init__(self, option: str, path: str, render: Callable[[SweepResult], str]) -> None:
+        self.option = option
+        self.path = Path(path)
+        self.render = render
+        self.written_to: Path | None = None
+        self.error: str | None = None
+
+    def check(self) -> None:
+        """Before the engine starts: can a file be created where the user asked?"""
+        if self.path.is_dir():
+            raise BadOption(self.option, f"{self.path} is a folder, not a file")
+        folder = self.path.parent
+        if not folder.is_dir():
+            raise BadOption(self.option, f"the folder {folder} does not exist")
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{self.path.name}.", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise BadOption(
+                self.option, f"cannot write in {folder} ({exc.strerror or exc})"
+            ) from None
+
+    def write(self, result: SweepResult) -> None:
+        """Never raises: losing the file must not lose the sweep."""
+        text = self.render(result)
+        if self.error is None:
+            try:
+                _replace_atomically(self.path, text)
+                self.written_to = self.path
+                return
+            except OSError as exc:
+                self.error = exc.strerror or str(exc)
+        fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
+        try:
+            _replace_atomically(fallback, text)
+            self.written_to = fallback
+        except OSError:
+            self.written_to = None
+
+    def problem(self) -> str | None:
+        if self.error is None:
+            return None
+        if self.written_to is None:
+            return (
+                f"could not write {self.path} ({self.error}), nor a copy in the temp "
+                "folder: the table on stdout is all that is kept"
+            )
+        return f"could not write {self.path} ({self.error}); the results are in {self.written_to}"
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def result_files(args: argparse.Namespace) -> list[ResultFile]:
+    files = []
+    if args.json_path:
+        files.append(ResultFile("--json", args.json_path, SweepResult.to_json))
+    if args.csv_path:
+        files.append(ResultFile("--csv", args.csv_path, SweepResult.to_csv))
+    return files
+
+
+def _say_problems(files: list[ResultFile]) -> None:
+    from cli.launch import say
+
+    for f in files:
+        problem = f.problem()
+        if problem:
+            say(problem)
+
+
+def check_output_len(config: SweepConfig, max_model_len: int | None) -> None:
+    if max_model_len and config.output_len >= max_model_len:
+        raise BadOption(
+            "--output-len",
+            f"{config.output_len:,} is not below the context limit (max_model_len) of "
+            f"{max_model_len:,}, which the prompt and the output share",
+        )
+
+
+def measure(
+    engine: Any,
+    config: SweepConfig,
+    result: SweepResult,
+    files: list[ResultFile],
+    *,
+    hardware: str | None,
+) -> None:
+    """Run the sweep on a started engine, appending each point to `result` and saving
+    the files after it, so whatever stops the sweep finds everything measured so far."""
+    from cli.launch import progress_bar, say
+
+    card = engine.card
+    check_output_len(config, card.max_model_len if card else None)
+    result.model = dataclasses.asdict(card) if card else None
+    floors: FloorFn | None = None
+    if hardware and card is not None:
+        try:
+            floors, result.hardware = make_floors(card.path, hardware, config.output_len)
+        except KvscopeError as exc:
+            say(f"no roofline floors: {exc.plain()}")
+
+    def save(point: SweepPoint) -> None:
+        result.points.append(point)
+        for f in files:
+            f.write(result)
+
+    with progress_bar("sweep") as progress:
+        task = progress.add_task("sweep", total=1, stage="")
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, total=total, completed=done, stage=f"{done}/{total} runs")
+
+        sweep = run_sweep(engine, config, on_point=save, on_progress=on_progress, floors=floors)
+        asyncio.run(sweep)
+    result.complete = True
+    for f in files:
+        f.write(result)
+
+
 def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
-    from cli.launch import progress_bar, start_engine
+    from cli.launch import int_flag, running_engine, say
     from engine.vllm.options import gpu_present
 
     config = config_from_args(args)  # bad flags stop here, before a minute of engine start
-    engine = start_engine(engine_argv)
-    console = Console(stderr=True)
+    check_output_len(config, int_flag(engine_argv, "--max-model-len"))
+    files = result_files(args)
+    for f in files:
+        f.check()
+    result = SweepResult(config, complete=False)
     try:
-        card = engine.card
-        floors: FloorFn | None = None
-        hardware_info = None
-        hardware = args.hardware or (None if gpu_present() else "cpu")
-        if hardware and not args.no_roofline and card is not None:
-            try:
-                floors, hardware_info = make_floors(card.path, hardware, config.output_len)
-            except BadOption as exc:
-                console.print(f"kvscope: no roofline floors: {exc.plain()}")
-        with progress_bar("sweep") as progress:
-            task = progress.add_task("sweep", total=1, stage="")
+        with running_engine(
+            engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
+        ) as engine:
+            hardware = None if args.no_roofline else args.hardware
+            if not args.no_roofline and hardware is None and not gpu_present():
+                hardware = "cpu"
+            measure(engine, config, result, files, hardware=hardware)
+    except KeyboardInterrupt:
+        # Stopped half-way: what was measured is already in the files; show it too.
+        if result.points:
+            render_summary(result, Console(file=sys.stdout, width=120))
+            kept = " and ".join(str(f.written_to) for f in files if f.written_to)
+            say(
+                f"the sweep stopped after {len(result.points)} of {len(config.prompt_lens)} "
+                "lengths" + (f"; they are in {kept}" if kept else "")
+            )
+        _say_problems(files)
+        raise
+    return report(result, files)
 
-            def on_progress(done: int, total: int) -> None:
-                progress.update(task, total=total, completed=done, stage=f"{done}/{total} runs")
 
-            result = asyncio.run(run_sweep(engine, config, on_progress=on_progress, floors=floors))
-        result.hardware = hardware_info
-    finally:
-        engine.shutdown()
-    if args.json_path:
-        Path(args.json_path).write_text(result.to_json())
-    if args.csv_path:
-        Path(args.csv_path).write_text(result.to_csv())
+def report(result: SweepResult, files: list[ResultFile]) -> int:
+    """The table on stdout, whatever happened to the files; then what went wrong."""
     render_summary(result, Console(file=sys.stdout, width=120))
+    _say_problems(files)
     failed = [p for p in result.points if not p.ok]
     if failed:
         print(

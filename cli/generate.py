@@ -1,4 +1,10 @@
-"""`kvscope generate`: one request, headless, with exact per-token timings."""
+"""`kvscope generate`: one request, headless, with exact per-token timings.
+
+Every input is checked before anything heavy starts: the flags themselves first (no
+engine, no vLLM import), then against the context limit when --max-model-len is given
+(before the model or the engine is touched), and once more against the engine's real
+limit before a synthetic prompt is built, so a huge length never allocates anything.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,14 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
+import os
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from engine.errors import BadOption, PromptTooLong
 from engine.events import (
     ChatMessage,
     GenerationRequest,
@@ -18,6 +29,11 @@ from engine.events import (
     TokenEvent,
 )
 from engine.protocol import Engine
+
+DEFAULT_PROMPT = "Say hello in one sentence."
+# Far past any context window this tool can send (1M tokens are a few MB of text); a
+# bigger file is a mistake, and reading it whole would only eat memory.
+MAX_PROMPT_FILE_BYTES = 64 * 1024**2
 
 
 def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
@@ -34,12 +50,22 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
             "examples:\n"
             "  kvscope generate --prompt-tokens 512 --max-tokens 32 --json\n"
             '  kvscope generate --prompt "Why is the sky blue?"\n'
+            "  kvscope generate --prompt-file question.txt\n"
+            "  cat question.txt | kvscope generate --prompt-file -\n"
             "  kvscope generate --prompt-tokens 2048 --max-model-len 4096 --json"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="a chat message, sent through the model's chat template")
+    src.add_argument(
+        "--prompt",
+        help=f"a chat message, sent through the model's chat template ({DEFAULT_PROMPT!r})",
+    )
+    src.add_argument(
+        "--prompt-file",
+        metavar="PATH",
+        help="read the chat message from a file (UTF-8), or from stdin with -",
+    )
     src.add_argument(
         "--prompt-tokens",
         type=int,
@@ -47,10 +73,119 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         help="a synthetic chat prompt of exactly N tokens (implies --ignore-eos)",
     )
     p.add_argument("--max-tokens", type=int, default=64, metavar="M", help="output tokens (64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature, 0 = greedy (0)"
+    )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p
+
+
+@dataclass(frozen=True)
+class GenerateInputs:
+    """The request as the user typed it, checked."""
+
+    prompt: str | None
+    prompt_tokens: int | None
+    sampling: SamplingSettings
+    notices: tuple[str, ...] = field(default=())
+
+
+def decode_prompt(raw: bytes, option: str) -> tuple[str, str | None]:
+    """Text from bytes that should be UTF-8; bytes that are not become U+FFFD, and the
+    second value says how many, so the user knows the prompt is not what they sent."""
+    text = raw.decode("utf-8", "replace")
+    bad = len(raw) - len(raw.decode("utf-8", "ignore").encode("utf-8"))
+    if not bad:
+        return text, None
+    s = "" if bad == 1 else "s"
+    return text, f"{option} is not valid UTF-8: {bad:,} byte{s} replaced by U+FFFD"
+
+
+def _read_prompt_file(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read(MAX_PROMPT_FILE_BYTES + 1)
+    try:
+        with Path(path).open("rb") as fh:
+            return fh.read(MAX_PROMPT_FILE_BYTES + 1)
+    except OSError as exc:
+        raise BadOption("--prompt-file", f"cannot read {path}: {exc.strerror}") from None
+
+
+def read_inputs(args: argparse.Namespace) -> GenerateInputs:
+    """Check what can be checked from the flags alone; raises BadOption."""
+    if args.prompt_tokens is not None and args.prompt_tokens <= 0:
+        raise BadOption("--prompt-tokens", f"{args.prompt_tokens:,} is not a positive length")
+    if args.max_tokens <= 0:
+        raise BadOption("--max-tokens", f"{args.max_tokens:,} is not a positive count")
+    temperature = args.temperature
+    if not math.isfinite(temperature) or temperature < 0:
+        raise BadOption(
+            "--temperature",
+            f"{temperature} is not a temperature: give 0 (greedy) or a finite number above 0",
+        )
+    notices: list[str] = []
+    prompt: str | None = None
+    if args.prompt is not None:
+        # Python turned bytes that are not UTF-8 into lone surrogates; fsencode gives the
+        # exact bytes back, and a tokenizer (or json) would choke on the surrogates.
+        prompt, notice = decode_prompt(os.fsencode(args.prompt), "--prompt")
+        if not prompt.strip():
+            raise BadOption(
+                "--prompt",
+                f"it is empty; give some text, or leave --prompt out to send {DEFAULT_PROMPT!r}",
+            )
+        notices += [notice] if notice else []
+    elif getattr(args, "prompt_file", None) is not None:
+        raw = _read_prompt_file(args.prompt_file)
+        if len(raw) > MAX_PROMPT_FILE_BYTES:
+            raise BadOption(
+                "--prompt-file",
+                f"{args.prompt_file} is over {MAX_PROMPT_FILE_BYTES:,} bytes, far past "
+                "any context window",
+            )
+        prompt, notice = decode_prompt(raw, "--prompt-file")
+        if not prompt.strip():
+            where = "stdin" if args.prompt_file == "-" else args.prompt_file
+            raise BadOption("--prompt-file", f"{where} holds no text")
+        notices += [notice] if notice else []
+    elif args.prompt_tokens is None:
+        prompt = DEFAULT_PROMPT
+    synthetic = args.prompt_tokens is not None
+    sampling = SamplingSettings(
+        max_tokens=args.max_tokens,
+        temperature=temperature,
+        ignore_eos=synthetic or args.ignore_eos,
+    )
+    return GenerateInputs(prompt, args.prompt_tokens, sampling, tuple(notices))
+
+
+def check_against_limit(inputs: GenerateInputs, max_model_len: int | None) -> None:
+    """vLLM's rule, before anything is built: the prompt must leave room for one output
+    token (a prompt of max_model_len tokens is refused), and so must the output."""
+    if not max_model_len:
+        return
+    if inputs.prompt_tokens is not None and inputs.prompt_tokens >= max_model_len:
+        raise PromptTooLong(inputs.prompt_tokens, max_model_len)
+    if inputs.sampling.max_tokens >= max_model_len:
+        raise BadOption(
+            "--max-tokens",
+            f"{inputs.sampling.max_tokens:,} is not below the context limit (max_model_len) "
+            f"of {max_model_len:,}, which the prompt and the output share",
+        )
+
+
+def build_request(engine: Engine, inputs: GenerateInputs) -> GenerationRequest:
+    if inputs.prompt_tokens is not None:
+        return GenerationRequest(
+            "generate",
+            prompt_token_ids=engine.synthetic_prompt(inputs.prompt_tokens),
+            sampling=inputs.sampling,
+        )
+    assert inputs.prompt is not None
+    return GenerationRequest(
+        "generate", messages=(ChatMessage("user", inputs.prompt),), sampling=inputs.sampling
+    )
 
 
 async def generate_once(
@@ -88,40 +223,33 @@ async def generate_once(
     }
 
 
-def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
-    from cli.launch import start_engine
-    from engine.errors import BadOption
-
-    if args.prompt_tokens is not None and args.prompt_tokens <= 0:
-        raise BadOption("--prompt-tokens", f"{args.prompt_tokens} is not a positive length")
-    if args.max_tokens <= 0:
-        raise BadOption("--max-tokens", f"{args.max_tokens} is not a positive count")
-    engine = start_engine(engine_argv)
-    try:
-        if args.prompt_tokens is not None:
-            ids = engine.synthetic_prompt(args.prompt_tokens)
-            request = GenerationRequest(
-                "generate",
-                prompt_token_ids=ids,
-                sampling=SamplingSettings(args.max_tokens, args.temperature, ignore_eos=True),
-            )
-        else:
-            request = GenerationRequest(
-                "generate",
-                messages=(ChatMessage("user", args.prompt or "Say hello in one sentence."),),
-                sampling=SamplingSettings(args.max_tokens, args.temperature, args.ignore_eos),
-            )
-        result = asyncio.run(generate_once(engine, request, echo=not args.json))
-    finally:
-        engine.shutdown()
-    if args.json:
+def print_result(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         print(json.dumps(result, indent=2))
-    else:
-        itl = sorted(result["itl_s"])
-        median = itl[len(itl) // 2] * 1000 if itl else 0.0
-        print(
-            f"\n\nTTFT {result['ttft_s'] * 1000:.1f} ms, median ITL {median:.1f} ms, "
-            f"{result['prompt_tokens']} prompt + {result['output_tokens']} output tokens",
-            file=sys.stderr,
-        )
+        return
+    itl = sorted(result["itl_s"])
+    median = itl[len(itl) // 2] * 1000 if itl else 0.0
+    print(
+        f"\n\nTTFT {result['ttft_s'] * 1000:.1f} ms, median ITL {median:.1f} ms, "
+        f"{result['prompt_tokens']} prompt + {result['output_tokens']} output tokens",
+        file=sys.stderr,
+    )
+
+
+def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
+    from cli.launch import int_flag, running_engine, say
+
+    inputs = read_inputs(args)  # bad flags stop here, before vLLM is even imported
+    check_against_limit(inputs, int_flag(engine_argv, "--max-model-len"))
+    for notice in inputs.notices:
+        say(notice)
+    with running_engine(
+        engine_argv, check=lambda flags: check_against_limit(inputs, flags.max_model_len)
+    ) as engine:
+        card = engine.card
+        check_against_limit(inputs, card.max_model_len if card else None)
+        request = build_request(engine, inputs)
+        result = asyncio.run(generate_once(engine, request, echo=not args.json))
+        # Printed before the engine stops: shutting down can take a moment.
+        print_result(result, args.json)
     return 0

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 SUBCOMMANDS = ("generate", "bench", "roofline", "prepare-model", "engine-help")
 
@@ -45,8 +46,20 @@ examples:
 """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one `kvscope: ...` line (exit 2), not a usage dump.
+
+    Subcommand parsers inherit the class, so every command answers the same way.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        from engine.vllm.options import flag_error  # cheap: vLLM is imported lazily there
+
+        self.exit(2, f"kvscope: {flag_error(message).plain()}\n")
+
+
 def app_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="kvscope",
         usage=(
             "kvscope [options] [vLLM engine flags]\n"
@@ -101,26 +114,65 @@ def version_line() -> str:
     return f"kvscope {ours} ({', '.join(engines) or 'no vLLM installed'})"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args_in = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if args_in and args_in[0] in SUBCOMMANDS:
-            return _subcommand(args_in[0], args_in[1:])
-        return _app(args_in)
-    except KeyboardInterrupt:
-        print("kvscope: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        from engine.errors import KvscopeError
+# Commands that start an engine or convert the model: Ctrl-C must stop them cleanly.
+_STOPPABLE = {"generate": "the engine", "bench": "the engine", "prepare-model": "the conversion"}
 
-        if isinstance(exc, KvscopeError):
-            print(f"kvscope: {exc.plain()}", file=sys.stderr)
-            return 1
-        raise
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from cli.launch import STOP, say
+    from engine.errors import KvscopeError
+
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    command = args_in[0] if args_in and args_in[0] in SUBCOMMANDS else None
+    stoppable = command is None or command in _STOPPABLE
+    if stoppable:
+        STOP.what = _STOPPABLE.get(command or "", "the engine")
+        STOP.install()
+    try:
+        code = _subcommand(args_in[0], args_in[1:]) if command else _app(args_in)
+        # A signal that came while the engine was already stopping was not raised.
+        return STOP.exit_code if stoppable and STOP.signum else code
+    except KeyboardInterrupt:
+        if not stoppable or STOP.signum is None:
+            say("interrupted")
+        return STOP.exit_code
+    except KvscopeError as exc:
+        say(exc.plain())
+        return 1
+    except BrokenPipeError:
+        # `kvscope generate --json | head -1`: the reader left; nothing to say to it.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (so exit's flush stays quiet)
+        return 141
+    except Exception as exc:
+        if os.environ.get("KVSCOPE_DEBUG"):
+            raise
+        say(_unexpected(exc))
+        return 1
+    finally:
+        if stoppable:
+            STOP.uninstall()
+
+
+def _unexpected(exc: Exception) -> str:
+    """A bug's one line for the user; its traceback goes to the engine log."""
+    import logging
+
+    from engine.paths import engine_log_path
+    from engine.vllm.startup import route_vllm_logs
+
+    route = route_vllm_logs(engine_log_path())
+    logging.getLogger("vllm").error("kvscope: unexpected error", exc_info=exc)
+    lines = str(exc).strip().splitlines()
+    where = f"; the traceback is in {route.path}" if route.path else ""
+    return (
+        f"unexpected error: {type(exc).__name__}: {lines[0][:200] if lines else ''}{where} "
+        "(KVSCOPE_DEBUG=1 shows it here)"
+    )
 
 
 def _subcommand(name: str, rest: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvscope")
+    parser = OneLineParser(prog="kvscope")
     sub = parser.add_subparsers(dest="command")
     if name == "generate":
         from cli.generate import add_generate_parser, run_generate
@@ -152,7 +204,7 @@ def _subcommand(name: str, rest: list[str]) -> int:
 
 
 def _prepare_model(rest: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="kvscope prepare-model",
         description=(
             "Convert the embedded SmolLM2-135M-Instruct (a GGUF file from the PyPI package "
@@ -177,8 +229,9 @@ def _prepare_model(rest: list[str]) -> int:
 
 def _app(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    from cli.launch import quiet_native_warnings, route_logs, stop_engine
+
+    quiet_native_warnings()
     from tui.app import run_tui
 
     script = None
@@ -191,6 +244,9 @@ def _app(rest: list[str]) -> int:
         from engine.fake import FakeEngine
 
         return run_tui(FakeEngine(clock=RealClock()), script=script, screenshot=args.screenshot)
+    # Before vLLM is imported, and while the terminal is still a terminal: a log that
+    # cannot go to the cache is said here, not drawn over the app.
+    route_logs()
     from engine.vllm.engine import VllmEngine
 
     emulation = None
@@ -210,7 +266,9 @@ def _app(rest: list[str]) -> int:
     try:
         return run_tui(engine, script=script, screenshot=args.screenshot)
     finally:
-        engine.shutdown()
+        # The app may be gone while the engine is still loading or mid-prefill: the
+        # step thread is joined before the interpreter may exit.
+        stop_engine(engine)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,14 @@ class PromptTooLong(KvscopeError):
         self.max_model_len = max_model_len
 
     def plain(self) -> str:
-        over = self.prompt_tokens - self.max_model_len
+        # vLLM's rule: the reply needs at least one token of the context, so a prompt of
+        # exactly max_model_len tokens is already one too many.
+        most = self.max_model_len - 1
+        over = self.prompt_tokens - most
         return (
             f"Prompt too long: {self.prompt_tokens:,} tokens, but the context limit "
-            f"(max_model_len) is {self.max_model_len:,}, {over:,} over. "
+            f"(max_model_len) is {self.max_model_len:,} and the reply needs at least one "
+            f"token of it, so a prompt can have at most {most:,} ({over:,} over). "
             "Shorten the prompt or start the engine with a larger --max-model-len."
         )
 
@@ -61,12 +65,19 @@ class KvPoolTooSmall(KvscopeError):
 
     def plain(self) -> str:
         length = f" of {self.max_model_len:,} tokens" if self.max_model_len else ""
-        advice = (
-            f" At most about {self.estimated_max_len:,} tokens would fit: "
-            f"use --max-model-len {self.estimated_max_len} or a bigger KV pool."
-            if self.estimated_max_len
-            else " Use a smaller --max-model-len or a bigger KV pool."
-        )
+        if self.estimated_max_len:
+            advice = (
+                f" At most about {self.estimated_max_len:,} tokens would fit: "
+                f"use --max-model-len {self.estimated_max_len} or a bigger KV pool."
+            )
+        elif self.estimated_max_len == 0:
+            # Not even one block fits: a shorter context cannot help, only a bigger pool.
+            advice = (
+                " Not one block of KV fits in that: use --kv-cache-memory-bytes "
+                f"{self.needed_bytes} or more."
+            )
+        else:
+            advice = " Use a smaller --max-model-len or a bigger KV pool."
         return (
             f"KV pool too small: one request{length} needs {_size(self.needed_bytes)} "
             f"of KV cache, but only {_size(self.available_bytes)} is available.{advice}"

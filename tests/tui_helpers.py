@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from engine.clock import Clock, VirtualClock
 from engine.events import EmulationInfo, ModelCard, ProgressCallback
@@ -154,3 +155,25 @@ async def send_chat(pilot: Pilot[int], text: str) -> None:
     await pilot.pause()
     app.main_screen.chat.input.value = text
     await pilot.press("enter")
+
+
+SERIES_CONFIG = FakeConfig(max_model_len=8192, block_size=16, total_blocks=1024)
+"""A fake big enough for the article's 512-4,096 series: 8,192 context, 16,384-token pool."""
+SERIES_LENGTHS = (512, 1024, 2048, 4096)
+
+
+async def send_series(
+    pilot: Pilot[int], lengths: tuple[int, ...] = SERIES_LENGTHS, max_tokens: int = 32
+) -> None:
+    """Send one synthetic prompt of each length with Enter, as a presenter would."""
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    main = app.main_screen
+    main.controls.query_one("#max-tokens", Input).value = str(max_tokens)
+    main.controls.synthetic = True
+    for n in lengths:
+        main.controls.slider.value = n
+        await pilot.pause()
+        main.chat.input.focus()
+        await pilot.press("enter")
+        await reply_done(pilot)

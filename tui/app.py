@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path, PurePath
 from typing import ClassVar
 
+import platformdirs
+from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
@@ -67,6 +70,11 @@ class KvscopeApp(App[int]):
         self._main = MainScreen(
             engine, self.telemetry, self.renderer, cursor_blink=self.settings.cursor_blink
         )
+        self._shown_theme = DEFAULT_THEME
+        self.quitting = False
+        """Ctrl+Q was pressed: the engine is being shut down, then the app exits."""
+        self.screenshot_folder: Path | None = None
+        """Where Ctrl+P → Screenshot saves; None: the working folder, else the data folder."""
 
     @property
     def manage_gc(self) -> bool:
@@ -93,7 +101,10 @@ class KvscopeApp(App[int]):
         wanted = self.settings.theme
         if wanted in self.available_themes:
             self.theme = wanted
+            self._shown_theme = wanted
         else:
+            # The saved name stays in the file: a fallback is not a choice the user made.
+            self._shown_theme = DEFAULT_THEME
             self.theme = DEFAULT_THEME
             self.notify(
                 f"The saved theme {wanted!r} is not available; using {DEFAULT_THEME}.",
@@ -110,16 +121,68 @@ class KvscopeApp(App[int]):
         self.renderer.close()
 
     def _remember_theme(self, theme: Theme) -> None:
+        # Only a change away from the theme on screen is the user's choice; the signal
+        # for the start-up (or fallback) theme itself may arrive after subscribing.
+        if theme.name == self._shown_theme:
+            return
+        self._shown_theme = theme.name
         if theme.name == self.settings.theme:
             return
         self.settings.theme = theme.name
         try:
-            self.settings.save()
+            # Only the key that changed: the rest of the file is left as the user wrote it.
+            self.settings.save(only=("theme",))
         except OSError as exc:
             self.notify(
                 f"Could not save the theme choice to {self.settings.path}: {exc.strerror or exc}",
                 severity="warning",
             )
+
+    # -- quitting --------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        """Say "shutting down the engine…" while it stops, then exit; again: exit now."""
+        if self.quitting:
+            self.exit()
+            return
+        self.quitting = True
+        from tui.screens.shutdown import ShuttingDownScreen
+
+        # Stop the replies first, on the loop: their streams abort their requests.
+        self._main.workers.cancel_group(self._main, "requests")
+        await self.push_screen(ShuttingDownScreen())
+        self._shut_down_engine()
+
+    @work(thread=True, group="shutdown", exit_on_error=False)
+    def _shut_down_engine(self) -> None:
+        # In a thread: the real engine's shutdown joins its step thread, which can take
+        # seconds; the loop keeps drawing the notice meanwhile. Idempotent, so the CLI's
+        # own shutdown afterwards returns at once.
+        try:
+            self.engine.shutdown()
+        finally:
+            self.call_from_thread(self.exit)
+
+    # -- screenshots -------------------------------------------------------------------------
+    def deliver_screenshot(
+        self,
+        filename: str | None = None,
+        path: str | None = None,
+        time_format: str | None = None,
+    ) -> str | None:
+        """Save into the working folder (or kvscope's data folder if that is not
+        writable), never into a ~/Downloads that may not exist; the toast says where."""
+        if path is None:
+            folder = screenshot_folder(self.screenshot_folder)
+            if folder is None:
+                self.notify(
+                    "Could not save a screenshot: neither the working folder nor "
+                    f"{platformdirs.user_data_dir('kvscope')} can be written.",
+                    title="Screenshot",
+                    severity="error",
+                )
+                return None
+            path = str(folder)
+        return super().deliver_screenshot(filename, path, time_format)
 
     # -- actions and commands --------------------------------------------------------------
     def action_help(self) -> None:
@@ -149,6 +212,20 @@ class KvscopeApp(App[int]):
             yield SystemCommand(
                 "Restart engine", "Start the engine again", main.action_restart_engine
             )
+
+
+def screenshot_folder(preferred: Path | None = None) -> Path | None:
+    """The first writable of: `preferred`, the working folder, kvscope's data folder."""
+    candidates = [preferred] if preferred is not None else []
+    candidates += [Path.cwd(), Path(platformdirs.user_data_dir("kvscope"))]
+    for folder in candidates:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    return None
 
 
 def run_tui(

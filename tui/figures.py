@@ -1,16 +1,26 @@
 """The engine panel's three figures, built from the telemetry ring buffers.
 
-Pure functions of the buffers, so a test can check what a plot would show without
-drawing it.
+None has an x label: each box's title says what x is, and at 48 rows the row is worth
+more to the data (see `axes.row_axis`).
+
+Pure functions of the buffers, so a test can check what a plot would show (its series,
+its ticks and their labels) without drawing it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.stats import percentile
+from tui import axes
 from tui.plotting import Figure, Rule, Series, envelope
-from tui.telemetry import Telemetry
+from tui.telemetry import KV_WINDOW_S, LatencyPoint, Telemetry
+
+# Glyphs of the latency plot: each series its own, so they read apart without colour.
+TTFT_MARK = "•"
+QUEUED_MARK = "◇"
+ITL_MARK = "×"
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,9 @@ def itl_percentiles(values_ms: list[float]) -> Percentiles | None:
     )
 
 
-def itl_figure(tel: Telemetry, columns: int) -> tuple[Figure | None, Percentiles | None]:
+def itl_figure(
+    tel: Telemetry, columns: int, rows: int = 10
+) -> tuple[Figure | None, Percentiles | None]:
     """ITL per token of the tracked request, with its p50/p90/p99 as rules."""
     values = list(tel.itl_ms)
     if not values:
@@ -41,46 +53,103 @@ def itl_figure(tel: Telemetry, columns: int) -> tuple[Figure | None, Percentiles
     xs = [float(i + 1) for i in range(len(values))]
     # Braille gives two dots per column: more points than that only costs drawing time.
     ex, ey = envelope(xs, values, max(columns * 2, 8))
-    top = max(values) * 1.15 or 1.0
     figure = Figure(
         series=(Series(ex, ey, role="series"),),
         rules=(Rule(pct.p50, "p50"), Rule(pct.p90, "p90"), Rule(pct.p99, "p99")),
-        xlabel="token",
-        ylim=(0.0, top),
+        xaxis=axes.token_axis(len(values), columns),
+        yaxis=axes.duration_axis(max(values), axes.plot_rows(rows, xlabel=False)),
     )
     return figure, pct
 
 
-def ttft_figure(tel: Telemetry) -> Figure | None:
-    """TTFT of every request this session against its prompt length."""
-    if not tel.ttft_points:
-        return None
-    xs = tuple(float(p) for p, _ in tel.ttft_points)
-    ys = tuple(t for _, t in tel.ttft_points)
-    top = max(ys) * 1.15 or 1.0
-    right = max(xs) * 1.05 or 1.0
-    return Figure(
-        series=(Series(xs, ys, role="series-alt", kind="scatter"),),
-        xlabel="prompt tokens",
-        ylim=(0.0, top),
-        xlim=(0.0, right),
+@dataclass(frozen=True)
+class LatencySummary:
+    """What the latency plot's title and key say about the points it shows."""
+
+    requests: int
+    queued: int
+    queue_removed: int  # queued points drawn at their TTFT less the queue time
+    longest_queue_ms: float | None
+
+
+def latency_figure(
+    tel: Telemetry, columns: int, rows: int = 10, *, log_y: bool = False
+) -> tuple[Figure | None, LatencySummary]:
+    """TTFT and median ITL of every request this session against its prompt length.
+
+    The article's finding draws itself: TTFT rises with the prompt, ITL stays flat.
+    A copy that waited behind others is drawn with its own glyph, at its TTFT less the
+    time it queued where that is known, so one long wait does not flatten every other
+    point onto the axis.
+    """
+    points = list(tel.points)
+    summary = _summarize(points)
+    if not points:
+        return None, summary
+    served = [p for p in points if not p.queued and p.ttft_ms is not None]
+    queued = [p for p in points if p.queued and p.service_ttft_ms is not None]
+    itl = [p for p in points if p.median_itl_ms is not None]
+
+    def xy(chosen: list[LatencyPoint], value: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        xs = tuple(float(p.prompt_tokens) for p in chosen)
+        ys = tuple(float(getattr(p, value)) for p in chosen)
+        return xs, ys
+
+    every_y = [
+        *(p.ttft_ms for p in served if p.ttft_ms is not None),
+        *(p.service_ttft_ms for p in queued if p.service_ttft_ms is not None),
+        *(p.median_itl_ms for p in itl if p.median_itl_ms is not None),
+    ]
+    if not every_y:
+        return None, summary
+    right = max(p.prompt_tokens for p in points) * 1.05 or 1.0
+    if log_y:
+        yaxis = axes.log_duration_axis(min(every_y), max(every_y))
+    else:
+        yaxis = axes.duration_axis(max(every_y), axes.plot_rows(rows, xlabel=False))
+
+    def y(values: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(math.log10(max(v, 1e-3)) for v in values) if log_y else values
+
+    series: list[Series] = []
+    # Drawn first, so a TTFT point on top of an ITL point stays visible.
+    ix, iy = xy(itl, "median_itl_ms")
+    series.append(Series(ix, y(iy), role="series-alt", kind="scatter", marker=ITL_MARK))
+    tx, ty = xy(served, "ttft_ms")
+    series.append(Series(tx, y(ty), role="series", kind="scatter", marker=TTFT_MARK))
+    qx, qy = xy(queued, "service_ttft_ms")
+    series.append(Series(qx, y(qy), role="marker", kind="scatter", marker=QUEUED_MARK))
+    figure = Figure(
+        series=tuple(s for s in series if s.xs),
+        xaxis=axes.token_axis(right, columns),
+        yaxis=yaxis,
     )
+    return figure, summary
 
 
-def kv_figure(tel: Telemetry, columns: int) -> Figure | None:
-    """KV usage (0-100 %) over engine time, with steps that preempted marked."""
-    xs, ys, marks = tel.kv_series()
+def _summarize(points: list[LatencyPoint]) -> LatencySummary:
+    queued = [p for p in points if p.queued]
+    removed = [p for p in queued if p.queue_ms is not None]
+    longest = max((p.queue_ms for p in removed if p.queue_ms is not None), default=None)
+    return LatencySummary(len(points), len(queued), len(removed), longest)
+
+
+def kv_figure(
+    tel: Telemetry, columns: int, rows: int = 10, window_s: float = KV_WINDOW_S
+) -> Figure | None:
+    """KV usage (0-100 %) over the last minute of engine time, preemptions marked."""
+    xs, ys, marks = tel.kv_series(window_s)
     if not xs:
         return None
     ex, ey = envelope(xs, ys, max(columns * 2, 8))
     # A plot of one instant is a dot nobody sees: stretch it into a short flat line.
     if len(ex) == 1:
-        ex, ey = (ex[0], ex[0] + 1e-3), (ey[0], ey[0])
+        ex, ey = (ex[0] - 1e-3, ex[0]), (ey[0], ey[0])
     # Too many marks would paint the plot solid; the title carries the exact count.
     rules = tuple(Rule(t, "marker", vertical=True) for t in marks[-24:])
     return Figure(
         series=(Series(ex, ey, role="series"),),
         rules=rules,
-        xlabel="seconds",
-        ylim=(0.0, 100.0),
+        xaxis=axes.seconds_ago_axis(window_s, columns),
+        yaxis=axes.percent_axis(axes.plot_rows(rows, xlabel=False)),
     )

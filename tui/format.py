@@ -41,6 +41,22 @@ def tokens(n: int) -> str:
     return f"{n:,}"
 
 
+def count(n: int, singular: str, plural: str | None = None) -> str:
+    """ "1 block", "2 blocks", "1,536 tokens": the noun agrees with the number."""
+    word = singular if n == 1 else (plural if plural is not None else singular + "s")
+    return f"{n:,} {word}"
+
+
+def duration(seconds: float) -> str:
+    """A wait in words a person reads at a glance: "40 s", "3 min", "1 h 5 min"."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
 def ms(seconds: float | None) -> str:
     """A duration in milliseconds, with the precision a reader can use."""
     if seconds is None:

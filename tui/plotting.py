@@ -21,6 +21,8 @@ from typing import Literal
 
 import plotext as plt
 
+from tui.axes import Axis
+
 RGB = tuple[int, int, int]
 Palette = tuple[tuple[str, RGB], ...]
 """Colour roles ("series", "axes", "p99", ...) to RGB, taken from the theme by the widget."""
@@ -34,6 +36,9 @@ class Series:
     ys: tuple[float, ...]
     role: str = "series"
     kind: Literal["line", "scatter"] = "line"
+    marker: str = ""
+    """The glyph ("" = a dot for a scatter, braille for a line): series that mean
+    different things (measured, floor, queued) must not look alike."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class Figure:
     xlabel: str = ""
     ylim: tuple[float, float] | None = None
     xlim: tuple[float, float] | None = None
+    xaxis: Axis | None = None
+    """Labelled ticks and limits for x; overrides `xlim` (see tui/axes.py)."""
+    yaxis: Axis | None = None
+    """Labelled ticks and limits for y; overrides `ylim`."""
 
 
 @dataclass(frozen=True)
@@ -107,18 +116,24 @@ def build_plot(job: PlotJob) -> str:
                 continue
             colour = colours.get(s.role, axes)
             if s.kind == "scatter":
-                plt.scatter(list(s.xs), list(s.ys), color=colour, marker="•")
+                plt.scatter(list(s.xs), list(s.ys), color=colour, marker=s.marker or "•")
             else:
-                plt.plot(list(s.xs), list(s.ys), color=colour, marker="braille")
+                plt.plot(list(s.xs), list(s.ys), color=colour, marker=s.marker or "braille")
         for rule in fig.rules:
             colour = colours.get(rule.role, axes)
             if rule.vertical:
                 plt.vline(rule.at, colour)
             else:
                 plt.hline(rule.at, colour)
-        if fig.ylim is not None:
+        if fig.yaxis is not None:
+            plt.ylim(fig.yaxis.lo, fig.yaxis.hi)
+            plt.yticks(list(fig.yaxis.ticks), list(fig.yaxis.labels))
+        elif fig.ylim is not None:
             plt.ylim(*fig.ylim)
-        if fig.xlim is not None:
+        if fig.xaxis is not None:
+            plt.xlim(fig.xaxis.lo, fig.xaxis.hi)
+            plt.xticks(list(fig.xaxis.ticks), list(fig.xaxis.labels))
+        elif fig.xlim is not None:
             plt.xlim(*fig.xlim)
         if fig.xlabel:
             plt.xlabel(fig.xlabel)

@@ -91,14 +91,40 @@ class AppSettings:
             if f.name not in ("folder", "problem")
         }
 
-    def save(self) -> Path:
+    def save(self, only: tuple[str, ...] | None = None) -> Path:
         """Write the settings atomically (a temporary file, then a rename); returns the path.
 
-        Raises OSError when the folder cannot be written; the caller tells the user.
+        With `only`, just those keys are written into the file as it is now: every other
+        key, known to this kvscope or not (a newer kvscope's, the user's own), is kept as
+        it was. A file that is not a JSON object is kept beside it as `settings.json.bad`
+        rather than lost. Raises OSError when the folder cannot be written; the caller
+        tells the user.
         """
         path = self.path
         path.parent.mkdir(parents=True, exist_ok=True)
+        data: dict[str, Any] = {}
+        if only is not None:
+            data = self._current_file(path)
+            mine = self.to_dict()
+            data.update({key: mine[key] for key in only if key in mine})
+        else:
+            data = self.to_dict()
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", "utf-8")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", "utf-8")
         os.replace(tmp, path)
         return path
+
+    @staticmethod
+    def _current_file(path: Path) -> dict[str, Any]:
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            return data
+        path.with_suffix(".json.bad").write_text(raw, "utf-8")
+        return {}

@@ -3,39 +3,145 @@
 Handlers only append here (cheap, once per event); the plots and the block map read these
 buffers at most ~15 times a second, and only when a `*_version` counter moved. That keeps
 the cost of drawing bounded however fast tokens and steps arrive.
+
+Every panel reads `latest`, the one newest StepSample: the status line, the block map and
+the KV plot's "now" all describe the same step. The engines send a last idle sample when
+their last request ends or is aborted, so an idle engine is shown as idle everywhere.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import os
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from engine.events import RequestFinished, StepSample, TokenEvent
+from engine.events import RequestAccepted, RequestFinished, StepSample, TokenEvent
+from engine.stats import percentile
+from tui.request_status import RequestStatus, RequestTrack, RequestTracker
+
+KV_WINDOW_S = 60.0
+"""The KV-usage plot shows the last minute of engine time, like btop, not the session."""
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    """One finished request on the latency-vs-prompt-tokens plot."""
+
+    request_id: str
+    prompt_tokens: int
+    ttft_ms: float | None  # as the user felt it: from stream() to the first token
+    median_itl_ms: float | None
+    queue_ms: float | None  # time before the engine first scheduled it, where known
+    queued: bool  # at least one step ran without it: other requests went first
+
+    @property
+    def service_ttft_ms(self) -> float | None:
+        """TTFT with the queue time split off (the prefill's own cost), where known."""
+        if self.ttft_ms is None:
+            return None
+        if self.queued and self.queue_ms is not None:
+            return max(0.0, self.ttft_ms - self.queue_ms)
+        return self.ttft_ms
+
+
+@dataclass(frozen=True)
+class HostWarning:
+    """Why timings on this host are not to be trusted right now, in words."""
+
+    words: str
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+class HostWatch:
+    """Says when the host is busy: load above the cores, or step times varying wildly.
+
+    On a shared CPU one decode step can take 23 ms and the next over a second; the user
+    should be told why rather than left to read it as the engine's behaviour.
+    """
+
+    def __init__(
+        self,
+        *,
+        load_average: Callable[[], float | None] = _load_average,
+        cores: int | None = None,
+        spread_limit: float = 3.0,
+    ) -> None:
+        self.load_average = load_average
+        self.cores = cores or os.cpu_count() or 1
+        self.spread_limit = spread_limit
+        self.check_load = False  # on for a CPU engine (the app sets it from the card)
+        self._decode_steps: deque[tuple[int, float]] = deque(maxlen=64)
+
+    def add_sample(self, sample: StepSample) -> None:
+        if sample.prefill_tokens == 0 and sample.decode_tokens > 0 and sample.duration_s > 0:
+            self._decode_steps.append((sample.decode_tokens, sample.duration_s))
+
+    def clear(self) -> None:
+        self._decode_steps.clear()
+
+    def step_spread(self) -> float | None:
+        """p90 / p50 of recent decode-only steps of the most common batch size."""
+        if len(self._decode_steps) < 12:
+            return None
+        batch, _ = Counter(n for n, _ in self._decode_steps).most_common(1)[0]
+        times = [d for n, d in self._decode_steps if n == batch]
+        if len(times) < 12:
+            return None
+        mid = percentile(times, 50)
+        return percentile(times, 90) / mid if mid > 0 else None
+
+    def warning(self) -> HostWarning | None:
+        parts: list[str] = []
+        if self.check_load:
+            load = self.load_average()
+            if load is not None and load > self.cores:
+                parts.append(f"load {load:.1f} on {self.cores} cores")
+        spread = self.step_spread()
+        if spread is not None and spread > self.spread_limit:
+            parts.append(f"decode steps vary ×{spread:.1f}")
+        if not parts:
+            return None
+        return HostWarning(f"⚠ host busy ({', '.join(parts)}): timings are noisy")
 
 
 class Telemetry:
     """Everything the engine panel draws, kept for the session in bounded buffers."""
 
-    def __init__(self, *, steps: int = 2048, itl: int = 8192, ttft: int = 4096) -> None:
+    def __init__(
+        self,
+        *,
+        steps: int = 4096,
+        itl: int = 8192,
+        points: int = 4096,
+        host: HostWatch | None = None,
+    ) -> None:
         # Plain floats, not the StepSamples themselves: a sample holds a dozen small objects
         # the garbage collector would have to walk through, thousands of times over.
         self.kv_t: deque[float] = deque(maxlen=steps)
         self.kv_pct: deque[float] = deque(maxlen=steps)
         self.preempt_t: deque[float] = deque(maxlen=steps)
         self.latest: StepSample | None = None
-        # Requests known to have finished. A finished request's blocks are back in the pool
-        # even if the latest sample still lists it: the sample (a message) and the finish
-        # (a stream event) travel separately, and the sample may be the later to arrive.
-        self.finished: set[str] = set()
-        self._finished_order: deque[str] = deque()
+        self.requests = RequestTracker()
+        self.host = host or HostWatch()
         self.itl_request: str | None = None
         self.itl_ms: deque[float] = deque(maxlen=itl)
-        self.ttft_points: deque[tuple[int, float]] = deque(maxlen=ttft)
+        self.points: deque[LatencyPoint] = deque(maxlen=points)
         self.preemptions_total = 0
         self.t0: float | None = None
         self.steps_version = 0
         self.itl_version = 0
-        self.ttft_version = 0
+        self.points_version = 0
+        # Recent prefill steps (tokens, seconds): the measured prefill rate for estimates.
+        self._prefill: deque[tuple[int, float]] = deque(maxlen=32)
 
+    # -- from the engine -------------------------------------------------------------------
     def add_sample(self, sample: StepSample) -> None:
         if self.t0 is None:
             self.t0 = sample.started_at
@@ -45,7 +151,15 @@ class Telemetry:
         if sample.preemptions:
             self.preempt_t.append(t)
         self.latest = sample
+        self.requests.sample(sample)
+        self.host.add_sample(sample)
+        if sample.prefill_tokens > 0 and sample.duration_s > 0:
+            self._prefill.append((sample.prefill_tokens, sample.duration_s))
         self.preemptions_total += sample.preemptions
+        self.steps_version += 1
+
+    def add_accepted(self, event: RequestAccepted) -> None:
+        self.requests.accepted(event.request_id, event.prompt_tokens, event.submitted_at)
         self.steps_version += 1
 
     def track_request(self, request_id: str) -> None:
@@ -55,24 +169,92 @@ class Telemetry:
         self.itl_version += 1
 
     def add_token(self, event: TokenEvent) -> None:
+        self.requests.token(event.request_id, len(event.token_ids))
         # Index 0's latency is the time to first token, not an inter-token latency.
         if event.request_id == self.itl_request and event.index > 0:
             self.itl_ms.append(event.latency_s * 1000.0)
             self.itl_version += 1
 
-    def add_finished(self, event: RequestFinished, keep: int = 4096) -> None:
-        self.finished.add(event.request_id)
-        self._finished_order.append(event.request_id)
-        if len(self._finished_order) > keep:
-            self.finished.discard(self._finished_order.popleft())
+    def add_finished(self, event: RequestFinished) -> LatencyPoint:
+        track = self.requests.finished(event.request_id)
+        point = latency_point(event, track)
+        if point.ttft_ms is not None:
+            self.points.append(point)
+            self.points_version += 1
         self.steps_version += 1
-        if event.ttft_s is not None:
-            self.ttft_points.append((event.prompt_tokens, event.ttft_s * 1000.0))
-            self.ttft_version += 1
+        return point
 
-    def kv_series(self) -> tuple[list[float], list[float], list[float]]:
-        """(seconds since the first step, KV usage %, times of steps that preempted)."""
-        first = self.kv_t[0] if self.kv_t else 0.0
-        # Preemption marks older than the KV window would fall off the plot's left edge.
-        marks = [t for t in self.preempt_t if t >= first]
-        return list(self.kv_t), list(self.kv_pct), marks
+    # -- what the panels read ----------------------------------------------------------------
+    def status(self, request_id: str, *, accepted: bool, done: bool = False) -> RequestStatus:
+        return self.requests.status(request_id, accepted=accepted, done=done)
+
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens per second over the recent prefill steps, None before any."""
+        tokens = sum(n for n, _ in self._prefill)
+        seconds = sum(s for _, s in self._prefill)
+        if tokens < 64 or seconds <= 0:
+            return None
+        return tokens / seconds
+
+    def kv_series(
+        self, window_s: float = KV_WINDOW_S
+    ) -> tuple[list[float], list[float], list[float]]:
+        """The last `window_s` of KV usage: (seconds before the latest step, %, preemptions).
+
+        Times run from -window_s to 0 (the latest step), so the plot scrolls like btop's.
+        """
+        if not self.kv_t:
+            return [], [], []
+        now = self.kv_t[-1]
+        start = now - window_s
+        xs: list[float] = []
+        ys: list[float] = []
+        before: tuple[float, float] | None = None
+        for t, pct in zip(self.kv_t, self.kv_pct, strict=True):
+            if t < start:
+                before = (t, pct)
+                continue
+            xs.append(t - now)
+            ys.append(pct)
+        if before is not None:
+            # The line enters the window from its left edge, at the value it had then.
+            xs.insert(0, -window_s)
+            ys.insert(0, before[1])
+        marks = [t - now for t in self.preempt_t if t >= start]
+        return xs, ys, marks
+
+    def clear_plots(self) -> None:
+        """Forget the session's plotted history; the engine's state (latest) is kept."""
+        self.kv_t.clear()
+        self.kv_pct.clear()
+        self.preempt_t.clear()
+        self.itl_ms.clear()
+        self.points.clear()
+        self.host.clear()
+        self._prefill.clear()
+        self.preemptions_total = 0
+        self.steps_version += 1
+        self.itl_version += 1
+        self.points_version += 1
+
+
+def latency_point(event: RequestFinished, track: RequestTrack | None) -> LatencyPoint:
+    itl = list(event.itl_s)
+    queue_s: float | None = None
+    # The engine's own queue time, where it reports one, beats the one seen from the
+    # samples, which is only as fine as a step.
+    if event.vllm is not None and event.vllm.queue_s is not None:
+        queue_s = event.vllm.queue_s + event.vllm.kvscope_queue_s
+    elif event.server is not None and event.server.queue_s is not None:
+        queue_s = event.server.queue_s
+    elif track is not None:
+        queue_s = track.queue_s
+    queued = track.queued if track is not None else False
+    return LatencyPoint(
+        request_id=event.request_id,
+        prompt_tokens=event.prompt_tokens,
+        ttft_ms=event.ttft_s * 1000.0 if event.ttft_s is not None else None,
+        median_itl_ms=percentile(itl, 50) * 1000.0 if itl else None,
+        queue_ms=queue_s * 1000.0 if queue_s is not None else None,
+        queued=queued,
+    )

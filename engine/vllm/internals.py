@@ -150,7 +150,8 @@ class EngineIntrospector:
         blocks: Any = table.get(rid) or ()
         n = len(blocks)
         entry = known.get(rid)
-        if entry is not None and entry[0] is blocks and entry[1] <= n:
+        # (`id()` rather than `is`, which would narrow `blocks` to `object` for mypy.)
+        if entry is not None and id(entry[0]) == id(blocks) and entry[1] <= n:
             if entry[1] == n:
                 return entry[2]
             ids = entry[2] + tuple(b.block_id - 1 for b in blocks[entry[1] :] if b.block_id > 0)

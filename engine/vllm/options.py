@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import BadOption, ModelNotFound
+from engine.errors import BadOption, ModelNotFound, UnknownFlag
 
 MIB = 1024**2
 # Enough for one full 8,192-token request of the embedded model (23,040 B/token) plus
@@ -43,11 +43,22 @@ def vllm_parser(prog: str = "kvscope") -> argparse.ArgumentParser:
         # argparse would print and exit; kvscope reports it like any other bad option,
         # also from a worker thread inside the UI.
         def error(self, message: str) -> None:  # type: ignore[override]
-            raise BadOption("engine flags", message)
+            raise flag_error(message)
 
     parser = _Parser(prog=prog, description="vLLM engine options")
     EngineArgs.add_cli_args(parser)
     return parser
+
+
+def flag_error(message: str) -> BadOption | UnknownFlag:
+    """argparse's complaint as a typed error naming the flag, in one line."""
+    unknown = re.match(r"unrecognized arguments: (.+)", message)
+    if unknown:
+        return UnknownFlag(unknown.group(1))
+    about = re.match(r"argument ([^:]+): (.+)", message)
+    if about:
+        return BadOption(about.group(1).split("/")[0], about.group(2))
+    return BadOption("engine flags", message)
 
 
 def gpu_present() -> bool:
@@ -81,17 +92,25 @@ def check_model_reference(model: str) -> None:
 
 
 def build_engine_settings(
-    argv: Sequence[str], progress: Any = None, *, prepare: bool = True
+    argv: Sequence[str],
+    progress: Any = None,
+    *,
+    prepare: bool = True,
+    check: Callable[[argparse.Namespace], None] | None = None,
 ) -> EngineSettings:
     """Turn vLLM flags into EngineArgs with kvscope's CPU defaults applied.
 
     `progress(stage, fraction)` is told about the embedded model's one-time conversion.
+    `check(namespace)` sees the parsed flags first, so a command can refuse its own
+    inputs against them (a prompt past --max-model-len) before anything is built.
     """
     from vllm.engine.arg_utils import EngineArgs
 
     parser = vllm_parser()
     ns = parser.parse_args(list(argv))
     given = _given_dests(parser, argv)
+    if check is not None:
+        check(ns)
     embedded = "model" not in given
     if embedded:
         from engine.model_prep import EMBEDDED_MODEL_NAME, prepare_embedded_model
@@ -102,6 +121,9 @@ def build_engine_settings(
     else:
         check_model_reference(ns.model)
         label = ns.model.rstrip("/").split("/")[-1] if os.path.exists(ns.model) else ns.model
+    if "use_tqdm_on_load" not in given:
+        # A progress bar on stderr tears the terminal UI and clutters headless output.
+        ns.use_tqdm_on_load = False
     on_gpu = gpu_present()
     if not on_gpu:
         if "enforce_eager" not in given:

@@ -7,22 +7,70 @@ import logging
 import math
 import os
 import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
-from engine.errors import EngineStartFailed, KvPoolTooSmall, KvscopeError, ModelNotFound
+from engine.errors import BadOption, EngineStartFailed, KvPoolTooSmall, KvscopeError, ModelNotFound
 from engine.sizes import GIB, kv_bytes_per_token
 
+LOG = logging.getLogger("vllm")
 
-def route_vllm_logs(path: str | os.PathLike[str]) -> None:
-    """Send vLLM's log lines to a file: on a terminal UI they would tear the screen."""
+
+@dataclass(frozen=True)
+class LogRoute:
+    """Where vLLM's log lines went: `path` is None when nowhere could take them."""
+
+    wanted: Path
+    path: Path | None
+    problem: str | None = None
+
+    def notice(self) -> str | None:
+        """One line for the user when the log is not where the README says it is."""
+        if self.problem is None:
+            return None
+        where = f"it goes to {self.path}" if self.path else "it is not kept"
+        return f"cannot write vLLM's log to {self.wanted} ({self.problem}); {where}"
+
+
+def _open_log(path: Path) -> logging.Handler:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return logging.FileHandler(path)
+
+
+def route_vllm_logs(path: str | os.PathLike[str]) -> LogRoute:
+    """Send vLLM's log lines to a file: on a terminal UI they would tear the screen.
+
+    A cache folder that cannot be written (read-only, full) must not stop the engine: the
+    log then goes to a private folder in the system's temp folder, or nowhere. Call it
+    before vLLM is imported, or vLLM installs its own handler on stderr first.
+    """
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    log = logging.getLogger("vllm")
-    if not any(getattr(h, "_kvscope", False) for h in log.handlers):
-        handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler._kvscope = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    for h in LOG.handlers:
+        route = getattr(h, "_kvscope", None)
+        if isinstance(route, LogRoute):
+            return route
+    wanted = Path(path)
+    handler: logging.Handler
+    try:
+        handler = _open_log(wanted)
+        route = LogRoute(wanted, wanted)
+    except OSError as exc:
+        problem = exc.strerror or type(exc).__name__
+        fallback = Path(tempfile.gettempdir()) / f"kvscope-{os.getuid()}" / "engine.log"
+        try:
+            fallback.parent.mkdir(mode=0o700, exist_ok=True)
+            handler = _open_log(fallback)
+            route = LogRoute(wanted, fallback, problem)
+        except OSError:
+            handler = logging.NullHandler()
+            route = LogRoute(wanted, None, problem)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler._kvscope = route  # type: ignore[attr-defined]
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    LOG.propagate = False
+    return route
 
 
 def map_start_error(
@@ -34,9 +82,14 @@ def map_start_error(
     block_size: int | None,
     kv_cache_memory_bytes: int | None,
 ) -> KvscopeError:
-    """Turn what vLLM raised at start-up into one of kvscope's typed errors."""
+    """Turn what vLLM raised at start-up into one of kvscope's typed errors.
+
+    The user reads one line; the whole of vLLM's text, traceback included, goes to
+    engine.log, so nothing that explains the failure is lost.
+    """
     if isinstance(exc, KvscopeError):
         return exc
+    LOG.error("kvscope: the engine failed to start", exc_info=exc)
     text = f"{type(exc).__name__}: {exc}"
     m = re.search(
         r"max seq len \((\d+)\).*?([\d.]+) GiB KV cache is needed.*?available KV cache "
@@ -55,8 +108,34 @@ def map_start_error(
         available = kv_cache_memory_bytes or int(float(m.group(3)) * GIB)
         return KvPoolTooSmall(needed, available, int(est.group(1)) if est else None, length)
     if "No available memory for the cache blocks" in text:
-        return KvPoolTooSmall(
-            (max_model_len or 0) * (kv_bytes_per_token or 0), 0, None, max_model_len
+        # Not even one block fits. vLLM says no numbers here, so resolve the defaults the
+        # caller left unset (the model's own context, its KV bytes, the block size).
+        geometry = {} if max_model_len and kv_bytes_per_token else read_geometry(model)
+        context = max_model_len or geometry.get("max_position_embeddings")
+        per_token = kv_bytes_per_token or geometry.get("kv_bytes_per_token")
+        bs = block_size or _default_block_size()
+        needed = math.ceil(context / bs) * bs * per_token if context and per_token else 0
+        available = kv_cache_memory_bytes or 0
+        fits = available // (bs * per_token) * bs if per_token else None
+        return KvPoolTooSmall(needed, available, fits, context)
+    too_long = re.search(
+        r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+        r"\((\w+)=([\d.]+)",
+        text,
+    )
+    if too_long:
+        asked, key, limit = int(too_long.group(1)), too_long.group(2), int(float(too_long.group(3)))
+        return BadOption(
+            "--max-model-len",
+            f"{asked:,} is more than this model's limit of {limit:,} ({key} in its "
+            f"config.json); use --max-model-len {limit} or less",
+        )
+    block = re.search(r"No common block size for (\d+) \(([^)]*\)?)\)", text)
+    if block:
+        return BadOption(
+            "--block-size",
+            f"{block.group(1)} does not suit the attention backend here ({block.group(2)}); "
+            "leave --block-size out to use the backend's own",
         )
     not_found = (
         "not a valid model identifier",
@@ -73,14 +152,49 @@ def map_start_error(
         "Cannot find any model",
     )
     if any(s.lower() in text.lower() for s in not_found):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return ModelNotFound(model, first[:200])
-    first_line = text.strip().splitlines()[0][:300]
-    return EngineStartFailed(first_line)
+        return ModelNotFound(model, reason(exc, limit=200))
+    return EngineStartFailed(f"{type(exc).__name__}: {reason(exc)}")
+
+
+def reason(exc: BaseException, *, limit: int = 400) -> str:
+    """The lines of an exception that say why, without the wrapping around them.
+
+    pydantic puts "1 validation error for ModelConfig" first and the reason after it;
+    a first-line-only message kept the wrapper and lost the reason.
+    """
+    kept: list[str] = []
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if not line or re.match(r"\d+ validation errors? for \w+$", line):
+            continue
+        if line.startswith("For further information visit"):
+            continue
+        line = re.sub(r"^Value error, ", "", line)
+        line = re.sub(r"\s*\[type=.*$", "", line)
+        kept.append(line)
+        if len(kept) == 3:
+            break
+    said = " ".join(kept) or type(exc).__name__
+    if len(said) > limit:
+        cut = said.rfind(". ", 0, limit)
+        said = said[: cut + 1] if cut > limit // 2 else said[: limit - 1] + "…"
+    return said
+
+
+def _default_block_size() -> int:
+    # What vLLM picks when --block-size is not given: 128 tokens on the CPU backend
+    # (measured), 16 on CUDA.
+    try:
+        from vllm.platforms import current_platform
+
+        return 128 if current_platform.is_cpu() else 16
+    except Exception:
+        return 16
 
 
 def read_geometry(model: str) -> dict[str, int]:
-    """KV bytes per token from the model's config, to explain a too-small pool exactly."""
+    """KV bytes per token and the model's own context from its config, to explain a
+    too-small pool exactly."""
     try:
         from transformers import AutoConfig
 
@@ -90,6 +204,10 @@ def read_geometry(model: str) -> dict[str, int]:
         heads = int(cfg.num_attention_heads)
         kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        return {"kv_bytes_per_token": kv_bytes_per_token(layers, kv, head_dim, 2)}
+        geometry = {"kv_bytes_per_token": kv_bytes_per_token(layers, kv, head_dim, 2)}
+        positions = getattr(cfg, "max_position_embeddings", None)
+        if positions:
+            geometry["max_position_embeddings"] = int(positions)
+        return geometry
     except Exception:
         return {}

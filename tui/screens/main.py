@@ -29,12 +29,15 @@ from engine.events import (
 from engine.protocol import Engine
 from tui import format as fmt
 from tui.conversation import Conversation
+from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
 from tui.gc_pauses import GcPolicy
 from tui.messages import EngineFailed, EngineProgressed, EngineReady, StepSampled
 from tui.plotting import PlotRenderer
+from tui.request_status import RequestStatus
 from tui.telemetry import Telemetry
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
+from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
 from tui.widgets.reply_block import ReplyBlock
 
@@ -53,6 +56,8 @@ class MainScreen(Screen[None]):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+l", "toggle_latency", "Latency colours"),
         Binding("ctrl+r", "restart_engine", "Restart engine"),
+        Binding("f9", "clear_plots", "Clear plots"),
+        Binding("ctrl+y", "toggle_log_latency", "Log y", show=False),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
         Binding("f3", "show_panel('engine')", "Engine panel", show=False),
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),
@@ -87,6 +92,9 @@ class MainScreen(Screen[None]):
         self._current_synthetic = False
         self._remove_listener: object = None
         self._ticks = 0
+        self._busy_notified = False  # one "still streaming" toast per reply, not one per Enter
+        self._floor: FloorFn | None = None
+        self._estimate_seen: object = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -112,6 +120,7 @@ class MainScreen(Screen[None]):
         for field in self.query(Input):
             field.cursor_blink = self.cursor_blink
         self.set_interval(1 / REDRAW_HZ, self._tick)
+        self.watch(self.controls, "synthetic_tokens", self._synthetic_changed)
         self.chat.input.focus()
         card = self.engine.card
         if card is not None:
@@ -119,6 +128,11 @@ class MainScreen(Screen[None]):
             self.post_message(EngineReady(card))
         else:
             self.start_engine()
+
+    def on_resize(self) -> None:
+        # Narrow: the Engine tab scrolls, and a shorter block map leaves room for a plot
+        # on the first screen of it.
+        self.engine_panel.block_map.max_rows = 4 if self.size.width < 120 else 8
 
     def on_unmount(self) -> None:
         if callable(self._remove_listener):
@@ -170,6 +184,40 @@ class MainScreen(Screen[None]):
     def on_engine_progressed(self, message: EngineProgressed) -> None:
         self.chat.status.progress = message.progress
 
+    def _synthetic_changed(self, tokens: int | None) -> None:
+        self.chat.synthetic_tokens = tokens
+        self._update_estimate()
+
+    def send_estimate(self) -> PrefillEstimate | None:
+        """How long the next synthetic send will take to prefill, if that can be told."""
+        card = self.card
+        tokens = self.controls.synthetic_tokens
+        if card is None or tokens is None:
+            return None
+        return estimate(
+            card,
+            tokens,
+            self.controls.concurrency,
+            measured_rate=self.telemetry.prefill_rate(),
+            floor=self._floor,
+        )
+
+    def _update_estimate(self) -> None:
+        guess = self.send_estimate()
+        self.controls.estimate_text = (
+            f"⏱ {guess.words()}" if guess is not None and guess.long else ""
+        )
+
+    @work(thread=True, group="roofline", exclusive=True, exit_on_error=False)
+    def _load_floor(self, card: ModelCard) -> None:
+        # Reads the model's config and the cached CPU calibration: off the loop.
+        floor = roofline_floor(card)
+        self.app.call_from_thread(self._floor_loaded, floor)
+
+    def _floor_loaded(self, floor: FloorFn | None) -> None:
+        self._floor = floor
+        self._update_estimate()
+
     def on_engine_ready(self, message: EngineReady) -> None:
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
@@ -179,6 +227,7 @@ class MainScreen(Screen[None]):
         self.engine_state = "ready"
         self.sub_title = message.card.name
         self.refresh_bindings()
+        self._load_floor(message.card)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.chat.status.error_text = message.error.plain()
@@ -202,6 +251,10 @@ class MainScreen(Screen[None]):
     async def _chat_submitted(self, message: ChatPane.Submitted) -> None:
         await self.send(message.text)
 
+    @on(CountStepper.Changed)
+    def _copies_changed(self) -> None:
+        self._update_estimate()
+
     @on(ControlsPanel.SyntheticSendRequested)
     async def _synthetic_requested(self) -> None:
         await self.send(self.chat.input.value.strip(), synthetic=True)
@@ -215,20 +268,36 @@ class MainScreen(Screen[None]):
             self.notify(fmt.state_words(self.engine_state, "refusal"), severity="warning")
             return False
         if self.busy:
-            self.notify("A reply is still streaming: Esc stops it.", severity="warning")
+            # Twenty fast Enters must not stack twenty toasts over the engine panel.
+            if not self._busy_notified:
+                self._busy_notified = True
+                self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return False
         controls = self.controls
         synthetic = controls.synthetic if synthetic is None else synthetic
         sampling = controls.sampling()
         copies = controls.concurrency
+        card = self.card
+        n = controls.prompt_tokens
+        if synthetic and card is not None and n >= card.max_model_len:
+            # Refused before anything is built: a synthetic prompt of 10^9 tokens would
+            # take gigabytes to make only to be refused. vLLM's rule: prompt < M.
+            error = PromptTooLong(n, card.max_model_len)
+            controls.show_error(error.plain())
+            self.notify(error.plain(), title="Not sent", severity="error")
+            return False
+        if synthetic:
+            guess = self.send_estimate()
+            if guess is not None and guess.long:
+                self.notify(f"{guess.words()}: the reply starts after that.", title="Long send")
         turn = self.conversation.next_turn()
         ids = [f"r{turn}"] + [f"r{turn}.{k}" for k in range(2, copies + 1)]
         self.chat.input.value = ""
         self.busy = True
+        self._busy_notified = False
         self._current_user_text = text
         self._current_synthetic = synthetic
         times = f" × {copies} copies" if copies > 1 else ""
-        n = controls.prompt_tokens
         if synthetic:
             controls.show_error(None)
             await self.chat.add_user_message(text, f"⟨synthetic prompt: {n:,} tokens{times}⟩")
@@ -236,7 +305,7 @@ class MainScreen(Screen[None]):
         else:
             await self.chat.add_user_message(text, f"⟨{copies} copies⟩" if copies > 1 else None)
             title = f"assistant · {ids[0]}{times}"
-        reply = await self.chat.add_reply(title, ids)
+        reply = await self.chat.add_reply(title, ids, self._status_of)
         self.current = reply
         self.telemetry.track_request(ids[0])
         self.refresh_bindings()
@@ -286,6 +355,7 @@ class MainScreen(Screen[None]):
                     self.telemetry.add_token(event)
                     await reply.add_token(copy, event)
                 elif isinstance(event, RequestAccepted):
+                    self.telemetry.add_accepted(event)
                     reply.accepted(copy)
                 elif isinstance(event, RequestFinished):
                     self.telemetry.add_finished(event)
@@ -305,6 +375,9 @@ class MainScreen(Screen[None]):
             if reply.done:
                 self._reply_over(reply)
 
+    def _status_of(self, request_id: str, accepted: bool) -> RequestStatus:
+        return self.telemetry.status(request_id, accepted=accepted)
+
     async def _request_failed(self, error: KvscopeError) -> None:
         if isinstance(error, PromptTooLong) and self._current_synthetic:
             self.controls.show_error(error.plain())
@@ -320,6 +393,8 @@ class MainScreen(Screen[None]):
         if self.gc_policy is not None:
             self.gc_policy.idle()
         self.busy = False
+        self._busy_notified = False
+        self._update_estimate()  # the reply measured the prefill rate: a better guess
         self.refresh_bindings()
 
     # -- redraw ----------------------------------------------------------------------------
@@ -368,6 +443,9 @@ class MainScreen(Screen[None]):
         self.workers.cancel_group(self, "requests")
         self.current = None
         self.busy = False
+        self._busy_notified = False
+        # The cancelled streams never see their finish: forget their tracks here.
+        self.telemetry.requests.clear()
         self.conversation.clear()
         await self.chat.clear()
         if self.gc_policy is not None:
@@ -377,6 +455,16 @@ class MainScreen(Screen[None]):
 
     def action_toggle_latency(self) -> None:
         self.latency_colours = not self.latency_colours
+
+    def action_clear_plots(self) -> None:
+        """Start the session's plots afresh (the chat and the engine are untouched)."""
+        self.telemetry.clear_plots()
+        self.engine_panel.invalidate()
+        self.notify("Plots cleared.", timeout=2)
+
+    def action_toggle_log_latency(self) -> None:
+        panel = self.engine_panel
+        panel.log_latency = not panel.log_latency
 
     def action_restart_engine(self) -> None:
         if self.engine_state in ("failed", "dead"):

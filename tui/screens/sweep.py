@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -19,10 +21,26 @@ from textual.widgets import Button, DataTable, Footer, Header, Input, Label, Pro
 
 from bench.sweep import SweepConfig, SweepPoint, SweepResult, floors_for_card, run_sweep
 from engine.errors import KvscopeError
-from engine.events import ModelCard
+from engine.events import (
+    ChatMessage,
+    EngineEvent,
+    GenerationRequest,
+    ModelCard,
+    ProgressCallback,
+    RequestFinished,
+    StepListener,
+)
 from engine.protocol import Engine
+from engine.stats import percentile
+from tui import axes
+from tui import format as fmt
 from tui.plotting import Figure, PlotRenderer, Series
 from tui.widgets.plot import Plot
+
+KEY = "[$primary]·[/] each run  [$primary]•[/] mean  [$success]▫[/] roofline floor"
+KEY_ITL = (
+    "[$accent]·[/] each run  [$accent]•[/] median  [$error]•[/] p99  [$success]▫[/] roofline floor"
+)
 
 
 def default_prompt_lens(card: ModelCard | None, output_len: int) -> tuple[int, ...]:
@@ -43,37 +61,163 @@ def parse_lens(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def sweep_figures(points: list[SweepPoint]) -> tuple[Figure | None, Figure | None]:
-    """(TTFT vs prompt length, ITL vs prompt length) from the points measured so far."""
+@dataclass(frozen=True)
+class RunPoint:
+    """One request of one run, as it finished: plotted before its length is summed up."""
+
+    prompt_len: int
+    ttft_ms: float
+    median_itl_ms: float | None
+
+
+MEASURED_MARK = "•"
+RUN_MARK = "·"
+FLOOR_MARK = "▫"
+
+
+def sweep_figures(
+    points: list[SweepPoint], runs: list[RunPoint] | None = None, columns: int = 60, rows: int = 10
+) -> tuple[Figure | None, Figure | None]:
+    """(TTFT vs prompt length, ITL vs prompt length): each run's requests as they finish,
+    the means and medians of the lengths done, and the roofline floors. Measured and floor
+    never share a glyph."""
+    runs = runs or []
     good = sorted((p for p in points if p.ok and p.metrics), key=lambda p: p.prompt_len)
-    if not good:
+    if not good and not runs:
         return None, None
     xs = tuple(float(p.prompt_len) for p in good)
 
-    def series(key: str, role: str, kind: str = "line") -> Series | None:
-        if not all(key in p.metrics for p in good):
+    def series(key: str, role: str, marker: str, kind: str = "line") -> Series | None:
+        if not good or not all(key in p.metrics for p in good):
             return None
         ys = tuple(p.metrics[key] for p in good)
         # One point is a line of no length: draw it as a point.
         shape = "scatter" if len(good) == 1 else kind
-        return Series(xs, ys, role=role, kind=shape)  # type: ignore[arg-type]
+        return Series(xs, ys, role=role, kind=shape, marker=marker)  # type: ignore[arg-type]
 
-    ttft = [s for s in (series("mean_ttft_ms", "series"), series("ttft_floor_ms", "p50")) if s]
-    itl = [
+    def run_series(ys: list[tuple[int, float]], role: str) -> Series | None:
+        if not ys:
+            return None
+        return Series(
+            tuple(float(x) for x, _ in ys),
+            tuple(y for _, y in ys),
+            role=role,
+            kind="scatter",
+            marker=RUN_MARK,
+        )
+
+    ttft = [
         s
         for s in (
-            series("median_itl_ms", "series-alt"),
-            series("p99_itl_ms", "p99"),
-            series("itl_floor_ms", "p50"),
+            run_series([(r.prompt_len, r.ttft_ms) for r in runs], "series"),
+            series("mean_ttft_ms", "series", MEASURED_MARK, "scatter"),
+            series("ttft_floor_ms", "p50", FLOOR_MARK, "scatter"),
         )
         if s
     ]
+    itl = [
+        s
+        for s in (
+            run_series(
+                [(r.prompt_len, r.median_itl_ms) for r in runs if r.median_itl_ms is not None],
+                "series-alt",
+            ),
+            series("median_itl_ms", "series-alt", MEASURED_MARK, "scatter"),
+            series("p99_itl_ms", "p99", MEASURED_MARK, "scatter"),
+            series("itl_floor_ms", "p50", FLOOR_MARK, "scatter"),
+        )
+        if s
+    ]
+    right = max([*xs, *(float(r.prompt_len) for r in runs)], default=1.0) * 1.05
 
-    def figure(all_series: list[Series]) -> Figure:
-        top = max((max(s.ys) for s in all_series), default=1.0) * 1.15 or 1.0
-        return Figure(tuple(all_series), xlabel="prompt tokens", ylim=(0.0, top))
+    def figure(all_series: list[Series]) -> Figure | None:
+        if not all_series:
+            return None
+        top = max(max(s.ys) for s in all_series if s.ys)
+        return Figure(
+            tuple(all_series),
+            xlabel="prompt tokens",
+            xaxis=axes.token_axis(right, columns),
+            yaxis=axes.duration_axis(top, axes.plot_rows(rows)),
+        )
 
     return figure(ttft), figure(itl)
+
+
+def run_label(done: int, config: SweepConfig) -> str:
+    """What the sweep is doing now, from the number of runs done: "512 tok, run 2/3"."""
+    if done < config.warmup:
+        return f"warm-up {done + 1}/{config.warmup}"
+    measured = done - config.warmup
+    index = measured // config.runs
+    if index >= len(config.prompt_lens):
+        return "finishing"
+    run = measured % config.runs + 1
+    return f"{config.prompt_lens[index]:,} tok, run {run}/{config.runs}"
+
+
+def eta_seconds(finished_units: list[tuple[int, float]], remaining_lens: list[int]) -> float | None:
+    """Time left for runs of `remaining_lens`, from the runs timed so far.
+
+    A run's time grows with its prompt: fit seconds = a + b × tokens through the runs
+    done (a flat average while only one length is known), and never less than zero.
+    """
+    if not remaining_lens:
+        return 0.0
+    if not finished_units:
+        return None
+    xs = [float(n) for n, _ in finished_units]
+    ys = [t for _, t in finished_units]
+    mean_x = sum(xs) / len(xs)
+    mean_y = sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    if var <= 0:
+        slope = mean_y / mean_x if mean_x > 0 else 0.0
+        base = 0.0
+    else:
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+        base = mean_y - slope * mean_x
+    return sum(max(0.0, base + slope * n) for n in remaining_lens)
+
+
+class _TappedEngine:
+    """The engine as run_sweep sees it, with every finished request reported as it ends.
+
+    run_sweep reports a length only when all its runs are done; a sweep of long prompts
+    would show nothing for minutes. This reports each request the moment it finishes.
+    """
+
+    def __init__(self, engine: Engine, on_finished: Callable[[RequestFinished], None]) -> None:
+        self._engine = engine
+        self._on_finished = on_finished
+
+    @property
+    def card(self) -> ModelCard | None:
+        return self._engine.card
+
+    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
+        return self._engine.start(progress)
+
+    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        return self._engine.add_step_listener(listener)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        async for event in self._engine.stream(request):
+            if isinstance(event, RequestFinished):
+                self._on_finished(event)
+            yield event
+
+    def abort(self, request_id: str) -> None:
+        self._engine.abort(request_id)
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        return self._engine.chat_prompt_ids(messages)
+
+    def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
+        return self._engine.synthetic_prompt(num_tokens, suffix, seed)
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
 
 
 class SweepScreen(Screen[None]):
@@ -99,13 +243,25 @@ class SweepScreen(Screen[None]):
         done: int
         total: int
 
+    @dataclass
+    class RequestMeasured(Message):
+        """One request of a run finished (`unit`: how many runs were done before it)."""
+
+        event: RequestFinished
+        unit: int
+
     def __init__(self, engine: Engine, renderer: PlotRenderer) -> None:
         super().__init__()
         self.engine = engine
         self.renderer = renderer
         self.config: SweepConfig | None = None
         self.points: list[SweepPoint] = []
+        self.runs: list[RunPoint] = []
         self._version = 0
+        self._done_units = 0
+        self._total_units = 0
+        self._unit_started = 0.0
+        self._unit_times: list[tuple[int, float]] = []  # (prompt length, seconds) per run
 
     def compose(self) -> ComposeResult:
         card = self.engine.card
@@ -133,8 +289,10 @@ class SweepScreen(Screen[None]):
                         yield Label(label, classes="field-label")
                         yield Input(value, id=field_id, compact=True)
                 yield Button("Run sweep (F6)", id="run", variant="primary", compact=True)
-                # No ETA: it would be a wall-clock guess; the bar counts runs done.
+                # The bar's own ETA assumes equal steps; runs of longer prompts take
+                # longer, so the ETA on the run line is fitted to the prompt lengths.
                 yield ProgressBar(total=1, show_eta=False, id="sweep-progress")
+                yield Static("", id="sweep-run")
                 yield Static("", id="sweep-status")
                 with Horizontal(classes="field"):
                     yield Label("export to", classes="field-label")
@@ -144,10 +302,12 @@ class SweepScreen(Screen[None]):
                     yield Button("CSV (F8)", id="export-csv", compact=True)
             with Vertical(id="sweep-results"):
                 with Vertical(classes="box", id="sweep-ttft-box") as box:
-                    box.border_title = "TTFT (ms) vs prompt tokens · mean"
+                    box.border_title = "TTFT vs prompt tokens"
+                    box.border_subtitle = KEY
                     yield Plot("points appear as they are measured", id="sweep-ttft")
                 with Vertical(classes="box", id="sweep-itl-box") as box:
-                    box.border_title = "ITL (ms) vs prompt tokens · median and p99"
+                    box.border_title = "ITL vs prompt tokens · median, p99"
+                    box.border_subtitle = KEY_ITL
                     yield Plot("points appear as they are measured", id="sweep-itl")
                 yield DataTable(id="sweep-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
@@ -216,6 +376,10 @@ class SweepScreen(Screen[None]):
             return
         self.config = config
         self.points = []
+        self.runs = []
+        self._unit_times = []
+        self._done_units = 0
+        self._unit_started = time.monotonic()
         self._version += 1
         self.query_one(DataTable).clear()
         self.running = True
@@ -227,8 +391,8 @@ class SweepScreen(Screen[None]):
         try:
             # The CPU's calibration takes a few seconds the first time: off the loop.
             floors = await asyncio.to_thread(floors_for_card, self.engine.card, config.output_len)
-            await run_sweep(
-                self.engine,
+            result = await run_sweep(
+                _TappedEngine(self.engine, self._request_finished),
                 config,
                 on_point=self._point,
                 on_progress=self._progress,
@@ -239,9 +403,15 @@ class SweepScreen(Screen[None]):
         except Exception as exc:
             self._status(f"The sweep stopped: {type(exc).__name__}: {exc}", error=True)
         else:
-            failed = sum(1 for p in self.points if not p.ok)
+            # Counted from the result, not from the table: the last point's message may
+            # not have been handled yet when run_sweep returns.
+            done = result.points
+            failed = sum(1 for p in done if not p.ok)
             tail = f" ({failed} failed: see the table)" if failed else ""
-            self._status(f"Done: {len(self.points)} prompt lengths measured{tail}. F7/F8 export.")
+            self._status(
+                f"Done: {fmt.count(len(done), 'prompt length')} measured{tail}. F7/F8 export."
+            )
+            self.query_one("#sweep-run", Static).update("")
         finally:
             self.running = False
 
@@ -251,6 +421,9 @@ class SweepScreen(Screen[None]):
 
     def _progress(self, done: int, total: int) -> None:
         self.post_message(self.ProgressMade(done, total))
+
+    def _request_finished(self, event: RequestFinished) -> None:
+        self.post_message(self.RequestMeasured(event, self._done_units))
 
     def on_sweep_screen_point_measured(self, message: PointMeasured) -> None:
         point = message.point
@@ -277,13 +450,55 @@ class SweepScreen(Screen[None]):
     def on_sweep_screen_progress_made(self, message: ProgressMade) -> None:
         bar = self.query_one(ProgressBar)
         bar.update(total=max(1, message.total), progress=message.done)
+        config = self.config
+        now = time.monotonic()
+        if config is not None and message.done > self._done_units:
+            # The run that just ended, timed, with its prompt length (warm-ups excluded).
+            ended = self._done_units - config.warmup
+            if 0 <= ended < len(config.prompt_lens) * config.runs:
+                length = config.prompt_lens[ended // config.runs]
+                self._unit_times.append((length, now - self._unit_started))
+            self._unit_started = now
+        self._done_units = message.done
+        self._total_units = message.total
+        if config is not None and self.running and message.done < message.total:
+            self.query_one("#sweep-run", Static).update(Text(self.run_line()))
+
+    def run_line(self) -> str:
+        """ "512 tok, run 2/3 · about 1 min left" (or without the ETA before one is known)."""
+        config = self.config
+        if config is None:
+            return ""
+        label = run_label(self._done_units, config)
+        measured = self._done_units - config.warmup
+        remaining = [
+            config.prompt_lens[u // config.runs]
+            for u in range(max(0, measured), len(config.prompt_lens) * config.runs)
+        ]
+        eta = eta_seconds(self._unit_times, remaining)
+        return f"{label} · about {fmt.duration(eta)} left" if eta is not None else label
+
+    def on_sweep_screen_request_measured(self, message: RequestMeasured) -> None:
+        config = self.config
+        ev = message.event
+        if config is None or message.unit < config.warmup or ev.ttft_s is None:
+            return  # warm-ups measure nothing
+        itl = list(ev.itl_s)
+        self.runs.append(
+            RunPoint(
+                ev.prompt_tokens,
+                ev.ttft_s * 1000.0,
+                percentile(itl, 50) * 1000.0 if itl else None,
+            )
+        )
+        self._version += 1
 
     async def _redraw(self) -> None:
-        ttft, itl = sweep_figures(self.points)
-        plots = [
-            (self.query_one("#sweep-ttft", Plot), ttft),
-            (self.query_one("#sweep-itl", Plot), itl),
-        ]
+        ttft_plot = self.query_one("#sweep-ttft", Plot)
+        itl_plot = self.query_one("#sweep-itl", Plot)
+        width, height = ttft_plot.content_size
+        ttft, itl = sweep_figures(self.points, self.runs, width, height)
+        plots = [(ttft_plot, ttft), (itl_plot, itl)]
         for plot, figure in plots:
             plot.set_figure(figure, self._version)
         jobs = [(plot, job) for plot, _ in plots if (job := plot.job())]

@@ -14,7 +14,7 @@ from textual.widgets import Input, Static
 
 from engine.events import EngineState
 from tui.widgets.engine_status import EngineStatus
-from tui.widgets.reply_block import ReplyBlock
+from tui.widgets.reply_block import ReplyBlock, StatusSource
 
 EMPTY_HINT = (
     "Type a message and press Enter. The reply streams in token by token; its footer "
@@ -32,7 +32,8 @@ class ChatPane(Vertical):
     latency_colours: reactive[bool] = reactive(False)
     """Show each reply's tokens coloured by their latency instead of as Markdown."""
     synthetic_tokens: reactive[int | None] = reactive(None)
-    """When set, messages are sent after a synthetic prompt of this many tokens."""
+    """When set, Enter sends a synthetic prompt of this many tokens (bound from the
+    controls), with whatever is typed appended; an empty Enter sends it too."""
 
     @dataclass
     class Submitted(Message):
@@ -78,7 +79,10 @@ class ChatPane(Vertical):
         if self.busy:
             hint = "A reply is streaming: Esc stops it"
         elif self.synthetic_tokens is not None:
-            hint = f"Message, sent after a {self.synthetic_tokens:,}-token synthetic prompt"
+            hint = (
+                f"Enter sends a {self.synthetic_tokens:,}-token synthetic prompt "
+                "(type to append a message)"
+            )
         else:
             hint = "Message"
         self.input.placeholder = hint
@@ -103,9 +107,11 @@ class ChatPane(Vertical):
         body.append(text)
         await self.transcript.mount(Static(body, classes="user-message"))
 
-    async def add_reply(self, title: str, request_ids: list[str]) -> ReplyBlock:
+    async def add_reply(
+        self, title: str, request_ids: list[str], status: StatusSource | None = None
+    ) -> ReplyBlock:
         await self._drop_hint()
-        reply = ReplyBlock(title, request_ids)
+        reply = ReplyBlock(title, request_ids, status=status)
         await self.transcript.mount(reply)
         reply.set_latency_mode(self.latency_colours)
         self.transcript.anchor()
@@ -135,8 +141,8 @@ class ChatPane(Vertical):
             if isinstance(child, ReplyBlock):
                 lines.append(child.title)
                 lines.append(child.text)
-                for static in child.query(".reply-footer, .reply-copies").results(Static):
-                    lines.append(str(static.render()))
+                lines.extend(child.copies_text)
+                lines.append(child.footer_text)
             elif isinstance(child, Static):
                 lines.append(str(child.render()))
         return "\n".join(lines)

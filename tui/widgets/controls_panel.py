@@ -13,12 +13,29 @@ from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Static, Switch
 
 from engine.events import EngineState, ModelCard, SamplingSettings
+from tui import format as fmt
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import PromptLengthSlider
 
 DEFAULT_MAX_TOKENS = 128
-MAX_CONCURRENCY = 16
+MIN_CONCURRENCY_CAP = 16
+MAX_NUM_SEQS = 256
+"""vLLM's default cap on requests running at once: more copies than this only queue."""
+
+
+def concurrency_cap(card: ModelCard | None) -> int:
+    """The most copies worth offering: every copy holds at least one block of the pool,
+    so more copies than blocks can never all run (nor more than vLLM's max_num_seqs)."""
+    if card is None:
+        return MIN_CONCURRENCY_CAP
+    return max(MIN_CONCURRENCY_CAP, min(MAX_NUM_SEQS, card.total_blocks))
+
+
+def copies_that_fit(card: ModelCard, prompt_tokens: int, max_tokens: int) -> int:
+    """How many requests of this prompt and output fit in the pool at once (whole blocks)."""
+    need = card.blocks_for(max(1, prompt_tokens + max(0, max_tokens)))
+    return card.total_blocks // max(1, need)
 
 
 class ControlsPanel(VerticalScroll):
@@ -28,6 +45,10 @@ class ControlsPanel(VerticalScroll):
     """The loaded model, or None while loading."""
     engine_state: reactive[EngineState] = reactive[EngineState]("loading")
     """Bound from the screen, passed to the model card."""
+    synthetic_tokens: reactive[int | None] = reactive(None)
+    """The length of the synthetic prompt the next send will be, or None when it is chat."""
+    estimate_text: reactive[str] = reactive("")
+    """How long the next synthetic send will prefill, when the screen can tell."""
 
     @dataclass
     class SyntheticSendRequested(Message):
@@ -54,17 +75,19 @@ class ControlsPanel(VerticalScroll):
                 yield Input("0.0", type="number", id="temperature", compact=True)
         with Vertical(id="prompt-box", classes="box") as box:
             box.border_title = "Prompt length"
-            with Horizontal(classes="field"):
+            with Horizontal(classes="field", id="synthetic-field"):
                 yield Switch(False, id="synthetic-switch")
-                yield Label("send a synthetic prompt of exactly N tokens", classes="switch-label")
+                yield Static("", id="synthetic-state")
             yield PromptLengthSlider(id="slider")
             yield Static("", id="slider-error")
+            yield Static("", id="send-estimate")
         with Vertical(id="concurrency-box", classes="box") as box:
             box.border_title = "Concurrency"
             with Horizontal(classes="field"):
                 yield CountStepper(
-                    1, maximum=MAX_CONCURRENCY, unit="copy", units="copies", id="concurrency"
+                    1, maximum=MIN_CONCURRENCY_CAP, unit="copy", units="copies", id="concurrency"
                 )
+            yield Static("", id="fit-line")
             yield Static(
                 "copies of each request sent at once, each its own request: they share the "
                 "KV pool, fill it, and provoke preemption",
@@ -74,6 +97,10 @@ class ControlsPanel(VerticalScroll):
 
     def on_mount(self) -> None:
         self.query_one("#slider-error", Static).display = False
+        self.query_one("#send-estimate", Static).display = False
+        self.slider.max_tokens = self.max_tokens
+        self.watch(self.slider, "value", self._sync_synthetic, init=False)
+        self._sync_synthetic()
 
     # -- what the screen reads -------------------------------------------------------------
     @property
@@ -100,6 +127,10 @@ class ControlsPanel(VerticalScroll):
     def concurrency(self, value: int) -> None:
         self.query_one(CountStepper).value = value
 
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling().max_tokens
+
     def sampling(self) -> SamplingSettings:
         """The sampling settings typed in, with bad or empty fields at their defaults."""
         max_tokens = int(_parse(self.query_one("#max-tokens", Input).value, DEFAULT_MAX_TOKENS))
@@ -114,10 +145,14 @@ class ControlsPanel(VerticalScroll):
     def watch_card(self, card: ModelCard | None) -> None:
         slider = self.slider
         slider.card = card
+        stepper = self.query_one(CountStepper)
+        stepper.maximum = concurrency_cap(card)
+        stepper.refresh()
         if card is not None and not self._touched_slider:
             # Start half-way to the nearest wall, where a first prompt fits comfortably.
             nearest = min(card.max_model_len, card.kv_pool_tokens)
             slider.value = max(slider.minimum, (nearest // 2) // card.block_size * card.block_size)
+        self._sync_synthetic()
 
     @on(PromptLengthSlider.Changed)
     def _slider_moved(self, event: PromptLengthSlider.Changed) -> None:
@@ -129,6 +164,51 @@ class ControlsPanel(VerticalScroll):
     @on(CountStepper.Changed)
     def _concurrency_changed(self, event: CountStepper.Changed) -> None:
         self.slider.concurrency = event.value
+        self._sync_synthetic()
+
+    @on(Switch.Changed, "#synthetic-switch")
+    def _switch_flipped(self, event: Switch.Changed) -> None:
+        self._sync_synthetic()
+
+    @on(Input.Changed, "#max-tokens")
+    def _max_tokens_typed(self, event: Input.Changed) -> None:
+        self.slider.max_tokens = self.max_tokens
+        self._sync_synthetic()
+
+    def _sync_synthetic(self, *_: object) -> None:
+        """Keep `synthetic_tokens`, the switch's words and the fit line true to the controls."""
+        if not self.is_mounted:
+            return
+        on = self.synthetic
+        n = self.slider.value
+        self.synthetic_tokens = n if on else None
+        state = self.query_one("#synthetic-state", Static)
+        state.set_class(on, "-on")
+        state.update(
+            Text(f"ON: Enter sends {n:,} synthetic tokens")
+            if on
+            else Text("OFF: Enter sends your message as chat")
+        )
+        card = self.card
+        fit = self.query_one("#fit-line", Static)
+        if card is None:
+            fit.update("")
+            return
+        fits = copies_that_fit(card, n, self.max_tokens)
+        copies = self.concurrency
+        fit.set_class(copies > fits, "-over")
+        fit.update(
+            Text(
+                f"{fmt.count(fits, 'copy', 'copies')} of {n:,} + {self.max_tokens:,} tokens "
+                f"fit in the pool at once"
+                + (f": {copies - fits:,} will queue or preempt" if copies > fits else "")
+            )
+        )
+
+    def watch_estimate_text(self, text: str) -> None:
+        box = self.query_one("#send-estimate", Static)
+        box.display = bool(text)
+        box.update(Text(text))
 
     @on(Button.Pressed, "#send-synthetic")
     def _send(self, event: Button.Pressed) -> None:

@@ -1,12 +1,13 @@
-"""EnginePanel: the engine, live: step status, KV block map, KV usage, ITL and TTFT."""
+"""EnginePanel: the engine, live: step status, KV block map, KV usage, ITL and latency."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Grid, Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
@@ -14,21 +15,40 @@ from engine.events import EngineState, ModelCard, StepSample
 from tui import figures
 from tui import format as fmt
 from tui.plotting import PlotRenderer
-from tui.telemetry import Telemetry
+from tui.telemetry import HostWarning, Telemetry
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.plot import Plot
 
+HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
+
 
 def step_line(sample: StepSample | None, preemptions_total: int) -> str:
+    """The status line: what the latest sample says, and nothing older."""
     if sample is None:
         return "idle: no step has run yet"
     used = sample.total_blocks - sample.free_blocks
+    blocks = f"KV {sample.kv_usage:.0%} ({used:,}/{fmt.count(sample.total_blocks, 'block')})"
+    preempted = f"preemptions {preemptions_total:,}"
+    if sample.idle or (sample.running == 0 and sample.waiting == 0):
+        return f"idle after step {sample.step:,} · running 0 · waiting 0 · {blocks} · {preempted}"
     return (
-        f"last step {sample.step:,} · running {sample.running} · waiting {sample.waiting} · "
-        f"prefill {sample.prefill_tokens:,} tok · decode {sample.decode_tokens:,} tok · "
-        f"KV {sample.kv_usage:.0%} ({used:,}/{sample.total_blocks:,} blocks) · "
-        f"preemptions {preemptions_total:,}"
+        f"step {sample.step:,} · running {sample.running} · waiting {sample.waiting} · "
+        f"prefill {fmt.count(sample.prefill_tokens, 'tok', 'tok')} · "
+        f"decode {fmt.count(sample.decode_tokens, 'tok', 'tok')} · {blocks} · {preempted}"
     )
+
+
+def _key(*entries: tuple[str, str, str]) -> str:
+    """A colour key for a box's border: (theme variable, glyph, words) per entry."""
+    return "  ".join(f"[{var}]{glyph}[/] {words}" for var, glyph, words in entries)
+
+
+ITL_KEY = _key(
+    ("$primary", "⣿", "ITL"),
+    ("$success", "─", "p50"),
+    ("$warning", "─", "p90"),
+    ("$error", "─", "p99"),
+)
 
 
 class EnginePanel(Vertical):
@@ -38,6 +58,8 @@ class EnginePanel(Vertical):
     """Bound from the screen: the panel says "loading" until the engine is ready."""
     card: reactive[ModelCard | None] = reactive(None)
     """The loaded model; gives the empty pool's size before the first step."""
+    log_latency: reactive[bool] = reactive(False)
+    """The latency plot's y-axis is logarithmic."""
 
     def __init__(
         self,
@@ -49,25 +71,28 @@ class EnginePanel(Vertical):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.telemetry = telemetry
-        self._seen: tuple[int, int, int] = (-1, -1, -1)
+        # What each part was last drawn from: (data version, plot size) per part.
+        self._seen: dict[str, object] = {}
         self._lock = asyncio.Lock()
         self._turn = 0
+        self._host: HostWarning | None = None
+        self._host_checked = -HOST_CHECK_S
 
     def compose(self) -> ComposeResult:
         yield Static("", id="engine-step")
-        with Grid(id="engine-grid"):
+        with VerticalScroll(id="engine-grid"):
             with Vertical(id="blocks-box", classes="box") as box:
                 box.border_title = "KV blocks"
                 yield KvBlockMap(id="block-map")
-            with Vertical(id="kv-box", classes="box") as box:
-                box.border_title = "KV usage %"
+            with Vertical(id="kv-box", classes="box plot-box") as box:
+                box.border_title = "KV usage % · last 60 s"
                 yield Plot("no steps yet", id="kv-plot")
-            with Vertical(id="itl-box", classes="box") as box:
-                box.border_title = "ITL per token (ms)"
+            with Vertical(id="itl-box", classes="box plot-box") as box:
+                box.border_title = "ITL per output token"
                 yield Plot("send a message to see its ITL", id="itl-plot")
-            with Vertical(id="ttft-box", classes="box") as box:
-                box.border_title = "TTFT (ms) vs prompt tokens"
-                yield Plot("every reply adds a point", id="ttft-plot")
+            with Vertical(id="ttft-box", classes="box plot-box") as box:
+                box.border_title = "Latency vs prompt tokens"
+                yield Plot("every reply adds a TTFT and a median-ITL point", id="ttft-plot")
 
     def on_mount(self) -> None:
         self._sync_state()
@@ -76,8 +101,16 @@ class EnginePanel(Vertical):
         self._sync_state()
 
     def watch_card(self, card: ModelCard | None) -> None:
+        self.telemetry.host.check_load = card is not None and card.device == "cpu"
         if card is not None and self.telemetry.latest is None:
             self.query_one(KvBlockMap).show_empty_pool(card.total_blocks, card.block_size)
+
+    def watch_log_latency(self) -> None:
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Draw every part again at the next redraw (after a clear or a scale change)."""
+        self._seen = {}
 
     def _sync_state(self) -> None:
         if not self.is_mounted:
@@ -91,7 +124,7 @@ class EnginePanel(Vertical):
             block_map.placeholder = "loading…" if state == "loading" else "–"
             block_map.refresh()
         else:
-            self._seen = (-1, -1, -1)  # redraw everything at the next tick
+            self.invalidate()
 
     @property
     def block_map(self) -> KvBlockMap:
@@ -99,6 +132,17 @@ class EnginePanel(Vertical):
 
     def plots(self) -> list[Plot]:
         return list(self.query(Plot))
+
+    def status_text(self) -> str:
+        """The status line as shown (for tests and the demo)."""
+        return str(self.query_one("#engine-step", Static).render())
+
+    def _host_warning(self) -> HostWarning | None:
+        now = time.monotonic()
+        if now - self._host_checked >= HOST_CHECK_S:
+            self._host_checked = now
+            self._host = self.telemetry.host.warning()
+        return self._host
 
     async def redraw(self, renderer: PlotRenderer, *, wait: bool = True) -> None:
         """Bring the status, block map and plots up to date with the telemetry.
@@ -114,38 +158,74 @@ class EnginePanel(Vertical):
 
     async def _redraw(self, renderer: PlotRenderer, wait: bool) -> None:
         tel = self.telemetry
-        steps, itl, ttft = tel.steps_version, tel.itl_version, tel.ttft_version
-        seen_steps, seen_itl, seen_ttft = self._seen
-        self._seen = (steps, itl, ttft)
-        if steps != seen_steps and tel.latest is not None:
-            # The step line has a fixed height (engine_panel.tcss): no re-layout needed.
-            self.query_one("#engine-step", Static).update(
-                Text(step_line(tel.latest, tel.preemptions_total)), layout=False
-            )
-            self.block_map.show_sample(tel.latest, tel.finished)
         kv_plot = self.query_one("#kv-plot", Plot)
         itl_plot = self.query_one("#itl-plot", Plot)
         ttft_plot = self.query_one("#ttft-plot", Plot)
-        if steps != seen_steps:
-            kv_plot.set_figure(figures.kv_figure(tel, kv_plot.content_size.width), steps)
+
+        def changed(part: str, key: object) -> bool:
+            # A figure's ticks depend on its size too: a resize builds it again.
+            if self._seen.get(part) == key:
+                return False
+            self._seen[part] = key
+            return True
+
+        steps = tel.steps_version
+        steps_changed = changed("steps", steps)
+        host = self._host_warning()
+        if (steps_changed or changed("host", host)) and tel.latest is not None:
+            # The step line has a fixed height (engine_panel.tcss): no re-layout needed.
+            line = step_line(tel.latest, tel.preemptions_total)
+            text = Text(line)
+            if host is not None:
+                text.append("\n")
+                text.append(host.words, style="bold")
+            step = self.query_one("#engine-step", Static)
+            step.set_class(host is not None, "-host-busy")
+            step.update(text, layout=False)
+        if steps_changed and tel.latest is not None:
+            # Every panel draws the same (latest) sample: no mixing of older state.
+            self.block_map.show_sample(tel.latest)
+        if changed("kv", (steps, kv_plot.content_size)):
+            width, height = kv_plot.content_size
+            kv_plot.set_figure(figures.kv_figure(tel, width, height), steps)
             now = f" · now {tel.latest.kv_usage:.0%}" if tel.latest else ""
-            self.query_one("#kv-box").border_title = (
-                f"KV usage %{now} · preemptions {tel.preemptions_total}"
-                if tel.preemptions_total
-                else f"KV usage %{now}"
-            )
-        if itl != seen_itl:
-            figure, pct = figures.itl_figure(tel, itl_plot.content_size.width)
+            preempted = f" · preemptions {tel.preemptions_total}" if tel.preemptions_total else ""
+            box = self.query_one("#kv-box")
+            box.border_title = f"KV usage % · last 60 s{now}{preempted}"
+            box.border_subtitle = _key(("$primary", "⣿", "used"), ("$error", "│", "preempted"))
+        itl = tel.itl_version
+        if changed("itl", (itl, itl_plot.content_size)):
+            width, height = itl_plot.content_size
+            figure, pct = figures.itl_figure(tel, width, height)
             itl_plot.set_figure(figure, (itl, tel.itl_request))
-            title = f"ITL per token · {tel.itl_request}" if tel.itl_request else "ITL per token"
             box = self.query_one("#itl-box")
-            box.border_title = title
-            box.border_subtitle = pct.caption() if pct else ""
-        if ttft != seen_ttft:
-            ttft_plot.set_figure(figures.ttft_figure(tel), ttft)
-            self.query_one("#ttft-box").border_subtitle = (
-                f"{len(tel.ttft_points)} requests" if tel.ttft_points else ""
+            box.border_title = (
+                f"ITL per output token · {tel.itl_request}" + (f" · {pct.caption()}" if pct else "")
+                if tel.itl_request
+                else "ITL per output token"
             )
+            box.border_subtitle = ITL_KEY if pct else ""
+        points = tel.points_version
+        if changed("points", (points, self.log_latency, ttft_plot.content_size)):
+            width, height = ttft_plot.content_size
+            figure, summary = figures.latency_figure(tel, width, height, log_y=self.log_latency)
+            ttft_plot.set_figure(figure, (points, self.log_latency))
+            box = self.query_one("#ttft-box")
+            scale = " · log y" if self.log_latency else ""
+            count = f" · {fmt.count(summary.requests, 'request')}" if summary.requests else ""
+            box.border_title = f"Latency vs prompt tokens{count}{scale}"
+            entries = [
+                ("$primary", figures.TTFT_MARK, "TTFT"),
+                ("$accent", figures.ITL_MARK, "median ITL"),
+            ]
+            if summary.queued:
+                words = (
+                    "queued (queue time removed)"
+                    if summary.queue_removed == summary.queued
+                    else "queued"
+                )
+                entries.append(("$error", figures.QUEUED_MARK, words))
+            box.border_subtitle = _key(*entries) if summary.requests else ""
         plots = [kv_plot, itl_plot, ttft_plot]
         jobs = [(plot, job) for plot in plots if (job := plot.job())]
         if not jobs:

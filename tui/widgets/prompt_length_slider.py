@@ -14,9 +14,13 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from engine.events import ModelCard
+from tui import format as fmt
 
-MAX_MODEL_LEN_CONSEQUENCE = "past max_model_len: the engine will refuse this prompt"
+MAX_MODEL_LEN_CONSEQUENCE = "at or past max_model_len: the engine will refuse this prompt"
 KV_POOL_CONSEQUENCE = "past the KV pool: requests will be preempted/queued"
+NEAR_KV_POOL = "close to the KV pool wall: a little more output or one more copy preempts"
+WARNING_SHARE = 0.9
+"""The warning zone starts at this share of the K wall."""
 
 
 @dataclass(frozen=True)
@@ -28,25 +32,66 @@ class Wall:
     marker: str
     label: str
     consequence: str
+    inclusive: bool = False
+    """The wall's own length is already past it (vLLM refuses a prompt of max_model_len)."""
+
+    def passed_by(self, prompt_tokens: int) -> bool:
+        return prompt_tokens >= self.tokens if self.inclusive else prompt_tokens > self.tokens
+
+    def warns(self, prompt_tokens: int) -> bool:
+        """In the zone just under a pool wall, where output growth alone can cross it."""
+        if self.kind == "max_model_len" or self.passed_by(prompt_tokens):
+            return False
+        return prompt_tokens > self.tokens * WARNING_SHARE
 
 
-def walls_for(card: ModelCard, concurrency: int) -> list[Wall]:
-    """The walls one request meets when `concurrency` copies run together."""
+def pool_share(total_blocks: int, block_size: int, concurrency: int, max_tokens: int) -> int:
+    """The longest prompt each of `concurrency` copies can have, output included.
+
+    Each copy holds whole blocks for its prompt and its `max_tokens` of output: the
+    arithmetic of `roofline`'s "requests that fit at once", solved for the prompt.
+    """
+    c = max(1, concurrency)
+    return max(0, (total_blocks // c) * block_size - max(0, max_tokens))
+
+
+def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wall]:
+    """The walls one request meets when `concurrency` copies run together, each
+    generating up to `max_tokens`."""
     c = max(1, concurrency)
     share = "" if c == 1 else f" ÷ {c}"
+    out = f" − {max_tokens:,} out" if max_tokens > 0 else ""
+    # "KV pool ÷ 3 − 128 out = 2,688": arithmetic shown gets its "=".
+    eq = " =" if share or out else ""
+    # The emulated GPU's pool is scaled from another model; its context limit is not
+    # emulated: M stays this model's, and the label says so.
+    m_label = "max_model_len" if card.emulation is None else "max_model_len (this model's)"
     walls = [
-        Wall("max_model_len", card.max_model_len, "M", "max_model_len", MAX_MODEL_LEN_CONSEQUENCE),
-        # c copies share one pool, so each copy's wall is its share of it.
-        Wall("kv_pool", card.kv_pool_tokens // c, "K", f"KV pool{share}", KV_POOL_CONSEQUENCE),
+        Wall(
+            "max_model_len",
+            card.max_model_len,
+            "M",
+            m_label,
+            MAX_MODEL_LEN_CONSEQUENCE,
+            inclusive=True,
+        ),
+        Wall(
+            "kv_pool",
+            pool_share(card.total_blocks, card.block_size, c, max_tokens),
+            "K",
+            f"KV pool{share}{out}{eq}",
+            KV_POOL_CONSEQUENCE,
+        ),
     ]
     if card.emulation is not None:
         gpu = card.emulation.gpu
+        blocks = card.emulation.pool_tokens // max(1, card.block_size)
         walls.append(
             Wall(
                 "gpu",
-                card.emulation.pool_tokens // c,
+                pool_share(blocks, card.block_size, c, max_tokens),
                 "G",
-                f"{gpu} KV pool{share}",
+                f"{gpu} KV pool{share}{out}{eq}",
                 f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
             )
         )
@@ -84,6 +129,7 @@ class PromptLengthSlider(Widget, can_focus=True):
         "prompt-length-slider--past",
         "prompt-length-slider--muted",
         "prompt-length-slider--ok",
+        "prompt-length-slider--near",
     }
 
     value: reactive[int] = reactive(512, layout=True)
@@ -92,6 +138,8 @@ class PromptLengthSlider(Widget, can_focus=True):
     """The loaded model; its limits are the walls. None while the engine loads."""
     concurrency: reactive[int] = reactive(1, layout=True)
     """Copies sent at once; they share the KV pool, which moves its wall."""
+    max_tokens: reactive[int] = reactive(0, layout=True)
+    """Output tokens each copy may generate: they need room in the pool too."""
 
     @dataclass
     class Changed(Message):
@@ -142,17 +190,22 @@ class PromptLengthSlider(Widget, can_focus=True):
         return self.small_step * 10
 
     def walls(self) -> list[Wall]:
-        return walls_for(self.card, self.concurrency) if self.card else []
+        return walls_for(self.card, self.concurrency, self.max_tokens) if self.card else []
 
     def walls_passed(self) -> list[Wall]:
-        return [w for w in self.walls() if self.value > w.tokens]
+        return [w for w in self.walls() if w.passed_by(self.value)]
+
+    def walls_near(self) -> list[Wall]:
+        return [w for w in self.walls() if w.warns(self.value)]
 
     # -- state -----------------------------------------------------------------------------
     def validate_value(self, value: int) -> int:
         return max(self.minimum, min(int(value), self.maximum))
 
     def _sync_state(self) -> None:
-        self.set_class(bool(self.walls_passed()), "-past-wall")
+        passed = bool(self.walls_passed())
+        self.set_class(passed, "-past-wall")
+        self.set_class(not passed and bool(self.walls_near()), "-near-wall")
 
     def watch_value(self) -> None:
         self._sync_state()
@@ -162,6 +215,9 @@ class PromptLengthSlider(Widget, can_focus=True):
         self._sync_state()
 
     def watch_concurrency(self) -> None:
+        self._sync_state()
+
+    def watch_max_tokens(self) -> None:
         self._sync_state()
 
     def _move_to(self, value: int) -> None:
@@ -199,17 +255,17 @@ class PromptLengthSlider(Widget, can_focus=True):
         walls = self.walls()
         passed = self.walls_passed()
         text = Text(end="")
-        text.append(f"{self.value:,} tokens", style("prompt-length-slider--value"))
+        text.append(f"{self.value:,} tok", style("prompt-length-slider--value"))
         if self.card is not None:
             blocks = self.card.blocks_for(self.value)
             text.append(
-                f" = {blocks:,} blocks of {self.card.block_size}",
+                f" = {fmt.count(blocks, 'block')} of {self.card.block_size}",
                 style("prompt-length-slider--muted"),
             )
         text.append("\n")
 
         knob = self._position(self.value, width)
-        first_wall = min((w.tokens for w in walls), default=None)
+        first_wall = min((w.tokens - (1 if w.inclusive else 0) for w in walls), default=None)
         danger_from = self._position(first_wall, width) if first_wall is not None else width
         wall_at = {self._position(w.tokens, width): w for w in walls if w.tokens <= self.maximum}
         for x in range(width):
@@ -255,17 +311,27 @@ class PromptLengthSlider(Widget, can_focus=True):
                 "\nwalls appear when the engine is ready", style("prompt-length-slider--muted")
             )
             return text
+        near = self.walls_near()
         for wall in walls:
             hit = wall in passed
-            component = "prompt-length-slider--past" if hit else "prompt-length-slider--muted"
+            warn = wall in near
+            component = (
+                "prompt-length-slider--past"
+                if hit
+                else "prompt-length-slider--near"
+                if warn
+                else "prompt-length-slider--muted"
+            )
             beyond = " (off the ruler)" if wall.tokens > self.maximum else ""
-            mark = "✗" if hit else " "
+            mark = "✗" if hit else "!" if warn else " "
             text.append(
                 f"\n{mark}{wall.marker} {wall.label} {wall.tokens:,}{beyond}", style(component)
             )
         if passed:
             for wall in passed:
                 text.append(f"\n{wall.consequence}", style("prompt-length-slider--past"))
+        elif near:
+            text.append(f"\n{NEAR_KV_POOL}", style("prompt-length-slider--near"))
         else:
             text.append("\nfits under every wall", style("prompt-length-slider--ok"))
         return text

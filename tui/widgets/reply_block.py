@@ -1,9 +1,12 @@
-"""ReplyBlock: one assistant reply, streamed in, then summed up in a one-line footer."""
+"""ReplyBlock: one assistant reply, streamed in, then summed up in a footer of fields."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -12,12 +15,19 @@ from textual.widgets import Label, Markdown, Static
 from engine.events import RequestFinished, TokenEvent
 from engine.stats import percentile
 from tui import format as fmt
+from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
+from tui.widgets.field_line import SEPARATOR, FieldLine
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
 
 REASONS = {"stop": "done", "length": "hit max tokens", "abort": "stopped"}
+PER_COPY_ROWS = 3
+"""Up to this many extra copies get a line each; more are counted and summed up."""
+
+StatusSource = Callable[[str, bool], RequestStatus]
+"""(request_id, accepted) -> where the request is (from the step samples)."""
 
 
-def footer_line(ev: RequestFinished) -> str:
+def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
     """TTFT, median and p99 ITL, tokens/s, prompt and output tokens, and how it ended."""
     itl = list(ev.itl_s)
     itl_part = (
@@ -26,16 +36,26 @@ def footer_line(ev: RequestFinished) -> str:
         else "ITL –"
     )
     rate = ev.output_tokens / ev.e2e_s if ev.e2e_s > 0 else 0.0
-    parts = [
+    fields = [
         f"TTFT {fmt.ms(ev.ttft_s)}",
         itl_part,
         f"{rate:,.1f} tok/s",
-        f"prompt {ev.prompt_tokens:,} · output {ev.output_tokens:,} tok",
+        f"prompt {ev.prompt_tokens:,} · output {fmt.count(ev.output_tokens, 'token')}",
         REASONS.get(ev.reason, ev.reason),
     ]
     if ev.preemptions:
-        parts.append(f"preempted ×{ev.preemptions}")
-    return " │ ".join(parts)
+        fields.append(f"preempted ×{ev.preemptions}")
+    return tuple(fields)
+
+
+def footer_line(ev: RequestFinished) -> str:
+    return SEPARATOR.join(footer_fields(ev))
+
+
+def _no_status(request_id: str, accepted: bool) -> RequestStatus:
+    return RequestStatus(
+        "submitted" if accepted else "sending", "submitted" if accepted else "sending"
+    )
 
 
 @dataclass
@@ -53,15 +73,13 @@ class CopyState:
     def done(self) -> bool:
         return self.finished is not None or self.error is not None
 
-    def status(self) -> str:
+    def status(self, where: RequestStatus) -> str:
         if self.error is not None:
             return f"{self.request_id} · failed: {self.error}"
         if self.finished is not None:
             return f"{self.request_id} · {footer_line(self.finished)}"
-        if self.received:
-            again = f" · preempted ×{self.preemptions_seen}" if self.preemptions_seen else ""
-            return f"{self.request_id} · streaming · {self.received:,} tok{again}"
-        return f"{self.request_id} · {'queued for KV blocks' if self.accepted else 'sending'}…"
+        tokens = f" · {fmt.count(self.received, 'token')}" if self.received else ""
+        return f"{self.request_id} · {where.words}{tokens}"
 
 
 @dataclass
@@ -74,9 +92,90 @@ class ReplySummary:
     copies: list[CopyState] = field(default_factory=list)
 
 
+def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
+    """The finished extra copies as one table (and its lines as plain text).
+
+    A few copies get a row each. Many (16 copies of a synthetic prompt) are summed up as
+    min / median / max rows, so they do not flood the transcript with footers.
+    """
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for name in ("copy", "TTFT", "ITL p50", "ITL p99", "tok/s", "output", "ended"):
+        table.add_column(name, justify="left" if name in ("copy", "ended") else "right")
+    plain: list[str] = []
+    finished = [c.finished for c in copies if c.finished is not None]
+
+    def metrics(ev: RequestFinished) -> tuple[float | None, float | None, float | None, float]:
+        itl = list(ev.itl_s)
+        rate = ev.output_tokens / ev.e2e_s if ev.e2e_s > 0 else 0.0
+        p50 = percentile(itl, 50) if itl else None
+        p99 = percentile(itl, 99) if itl else None
+        return ev.ttft_s, p50, p99, rate
+
+    if len(copies) <= PER_COPY_ROWS:
+        for c in copies:
+            if c.finished is None:
+                table.add_row(c.request_id, "", "", "", "", "", f"failed: {c.error}")
+                plain.append(f"{c.request_id} · failed: {c.error}")
+                continue
+            ttft, p50, p99, rate = metrics(c.finished)
+            ended = REASONS.get(c.finished.reason, c.finished.reason)
+            if c.finished.preemptions:
+                ended += f", preempted ×{c.finished.preemptions}"
+            row = (
+                fmt.ms(ttft),
+                fmt.ms(p50),
+                fmt.ms(p99),
+                f"{rate:,.1f}",
+                f"{c.finished.output_tokens:,}",
+            )
+            table.add_row(c.request_id, *row, ended)
+            plain.append(f"{c.request_id} · {footer_line(c.finished)}")
+        return table, plain
+
+    values = [metrics(ev) for ev in finished]
+
+    def column(i: int) -> list[float]:
+        return [float(v[i]) for v in values if v[i] is not None]  # type: ignore[arg-type]
+
+    outs = [ev.output_tokens for ev in finished]
+    for label, pct in (("min", 0.0), ("median", 50.0), ("max", 100.0)):
+
+        def pick(xs: list[float], pct: float = pct) -> float | None:
+            return percentile(xs, pct) if xs else None
+
+        a_ttft, a_p50, a_p99, a_rate = (pick(column(i)) for i in range(4))
+        out = pick([float(o) for o in outs])
+        table.add_row(
+            label,
+            fmt.ms(a_ttft),
+            fmt.ms(a_p50),
+            fmt.ms(a_p99),
+            f"{a_rate:,.1f}" if a_rate is not None else "–",
+            f"{out:,.0f}" if out is not None else "–",
+            "",
+        )
+        plain.append(
+            f"{label} · TTFT {fmt.ms(a_ttft)} · ITL p50 {fmt.ms(a_p50)} · p99 {fmt.ms(a_p99)}"
+        )
+    reasons = Counter(REASONS.get(ev.reason, ev.reason) for ev in finished)
+    failed = sum(1 for c in copies if c.error is not None)
+    preempted = sum(1 for ev in finished if ev.preemptions)
+    parts = [f"{n:,} {reason}" for reason, n in reasons.most_common()]
+    if failed:
+        parts.append(f"{failed:,} failed")
+    if preempted:
+        parts.append(f"{fmt.count(preempted, 'copy', 'copies')} preempted")
+    words = f"{len(copies):,} more copies: " + " · ".join(parts)
+    table.title = words
+    table.title_justify = "left"
+    plain.insert(0, words)
+    return table, plain
+
+
 class ReplyBlock(Vertical):
     """The primary copy streams into a Markdown widget and a TokenLatencyView; extra
-    concurrent copies show as one status line each.
+    concurrent copies show as one status line each, or counted when there are many, and
+    end as one table.
 
     Tokens are appended with `Markdown.append` (append-only: only the last block is parsed
     again), once per screen tick with everything received since the last one. That is
@@ -84,15 +183,25 @@ class ReplyBlock(Vertical):
     same frame as the plots and status lines, instead of costing frames of its own.
     """
 
-    def __init__(self, title: str, request_ids: list[str], *, id: str | None = None) -> None:
+    def __init__(
+        self,
+        title: str,
+        request_ids: list[str],
+        *,
+        status: StatusSource | None = None,
+        id: str | None = None,
+    ) -> None:
         super().__init__(id=id, classes="-streaming")
         self.title = title
         self.copies = [CopyState(rid) for rid in request_ids]
         self.tokens: list[TimedToken] = []
+        self.status_of: StatusSource = status or _no_status
         self._text_parts: list[str] = []
         self._flushed = 0  # how many of _text_parts the Markdown widget has been given
         self._dirty = True
         self._latency_mode = False
+        self.copies_text: list[str] = []
+        self._copies_shown: object = None
 
     def compose(self) -> ComposeResult:
         yield Label(self.title, classes="reply-title")
@@ -101,7 +210,7 @@ class ReplyBlock(Vertical):
         copies = Static("", classes="reply-copies")
         copies.display = len(self.copies) > 1
         yield copies
-        yield Static("", classes="reply-footer")
+        yield FieldLine(classes="reply-footer")
 
     async def on_mount(self) -> None:
         await self.tick()
@@ -122,6 +231,10 @@ class ReplyBlock(Vertical):
     @property
     def running_ids(self) -> list[str]:
         return [c.request_id for c in self.copies if not c.done]
+
+    @property
+    def footer_text(self) -> str:
+        return self.query_one(".reply-footer", FieldLine).plain
 
     def accepted(self, copy: int) -> None:
         self.copies[copy].accepted = True
@@ -163,6 +276,12 @@ class ReplyBlock(Vertical):
         aborted = p.finished is not None and p.finished.reason == "abort"
         return ReplySummary(self.text, aborted, p.error is not None, list(self.copies))
 
+    def where(self, copy: CopyState) -> RequestStatus:
+        """Where a copy is, in the one vocabulary (see tui/request_status.py)."""
+        if copy.done:
+            return RequestStatus("done", "done")
+        return self.status_of(copy.request_id, copy.accepted)
+
     # -- display ---------------------------------------------------------------------------
     def set_latency_mode(self, on: bool) -> None:
         self._latency_mode = on
@@ -185,31 +304,63 @@ class ReplyBlock(Vertical):
         """Show what arrived since the last tick; the screen's timer calls this ~15 times a
         second, so the cost of drawing does not grow with the token rate."""
         await self.flush()
-        if not self._dirty or not self.is_mounted:
+        if not self.is_mounted:
+            return
+        # A request's status moves with the engine's steps, not only with its own events,
+        # so it is looked at every tick while streaming; the widgets only change if the
+        # words did.
+        if not self._dirty and self.done:
             return
         self._dirty = False
         p = self.primary
-        footer = self.query_one(".reply-footer", Static)
+        footer = self.query_one(".reply-footer", FieldLine)
         footer.set_class(p.error is not None, "-error")
         footer.set_class(p.finished is not None and p.finished.reason == "abort", "-aborted")
         footer.set_class(p.finished is not None, "-finished")
-        # While streaming, the status lines keep their height: no re-layout of the
-        # transcript for a changed token count (that would cost a full reflow per tick).
         if p.error is not None:
-            footer.update(Text(f"✗ {p.error}"))
+            footer.set_fields((f"✗ {p.error}",))
         elif p.finished is not None:
-            prefix = "■ stopped by you │ " if p.finished.reason == "abort" else ""
-            footer.update(Text(prefix + footer_line(p.finished)))
-        elif p.received:
-            preempted = f" · preempted ×{p.preemptions_seen}" if p.preemptions_seen else ""
-            footer.update(
-                Text(f"streaming · {p.received:,} tokens{preempted} · Esc stops"), layout=False
-            )
+            prefix = ("■ stopped by you",) if p.finished.reason == "abort" else ()
+            footer.set_fields(prefix + footer_fields(p.finished))
         else:
-            waiting = "waiting for KV blocks" if p.accepted else "sending"
-            footer.update(Text(f"{waiting}… · Esc stops"))
+            where = self.where(p)
+            preempted = f" · preempted ×{p.preemptions_seen}" if p.preemptions_seen else ""
+            fields: tuple[str, ...]
+            if p.received:
+                fields = (f"streaming · {fmt.count(p.received, 'token')}{preempted}", where.words)
+            else:
+                fields = (f"{where.words}…",)
+            # While streaming, the footer keeps its line count: no re-layout of the
+            # transcript for a changed token count (that would cost a reflow per tick).
+            footer.set_fields((*fields, "Esc stops"), layout=False)
         if len(self.copies) > 1:
-            lines = [c.status() for c in self.copies[1:]]
-            streaming = all(c.received and not c.done for c in self.copies[1:])
-            copies = self.query_one(".reply-copies", Static)
-            copies.update(Text("\n".join(lines)), layout=not streaming)
+            self._show_copies()
+
+    def _show_copies(self) -> None:
+        extra = self.copies[1:]
+        box = self.query_one(".reply-copies", Static)
+        if all(c.done for c in extra):
+            key: object = ("done", tuple(id(c.finished) for c in extra))
+            if key == self._copies_shown:
+                return
+            self._copies_shown = key
+            table, self.copies_text = copies_table(extra)
+            box.update(table)
+            return
+        if len(extra) <= PER_COPY_ROWS:
+            lines = [c.status(self.where(c)) for c in extra]
+        else:
+            phases = Counter(self.where(c).phase for c in extra)
+            counted = [
+                f"{n:,} {PHASE_WORDS[phase]}" for phase in PHASE_ORDER if (n := phases[phase])
+            ]
+            lines = [f"{len(extra):,} more copies: " + " · ".join(counted)]
+        if lines == self.copies_text:
+            return
+        # Token counts change every tick; only a change of words (a phase) may change
+        # how the lines wrap, and only then is the transcript laid out again.
+        words = [line.split(" · ")[:2] for line in lines]
+        relayout = words != self._copies_shown
+        self._copies_shown = words
+        self.copies_text = lines
+        box.update(Text("\n".join(lines)), layout=relayout)
