@@ -1,20 +1,23 @@
-"""The step-listener registry both engines share."""
+"""The listener registry the engines share: step samples, and a remote engine's scrapes."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from engine.events import StepListener, StepSample
+from engine.events import StepSample
 
 log = logging.getLogger("kvscope")
 
+T = TypeVar("T")
 
-class StepListeners:
+
+class Listeners(Generic[T]):
     def __init__(self) -> None:
-        self._listeners: list[StepListener] = []
+        self._listeners: list[Callable[[T], None]] = []
 
-    def add(self, listener: StepListener) -> Callable[[], None]:
+    def add(self, listener: Callable[[T], None]) -> Callable[[], None]:
         """Register `listener`; returns a function that removes it again."""
         self._listeners.append(listener)
 
@@ -24,10 +27,14 @@ class StepListeners:
 
         return remove
 
-    def emit(self, sample: StepSample) -> None:
+    def emit(self, value: T) -> None:
         # A broken listener must not stop the engine that calls it.
         for listener in list(self._listeners):
             try:
-                listener(sample)
+                listener(value)
             except Exception:
-                log.exception("kvscope: step listener failed")
+                log.exception("kvscope: listener failed")
+
+
+class StepListeners(Listeners[StepSample]):
+    """Every StepSample an engine makes, to whoever listens (UI, bench, tapes)."""

@@ -53,7 +53,7 @@ from engine.events import (
     ScrapeSample,
     StepListener,
 )
-from engine.listeners import StepListeners
+from engine.listeners import Listeners, StepListeners
 from engine.relay import relay
 from engine.remote.client import (
     ServerAnswer,
@@ -98,27 +98,6 @@ REMOTE_LIMITS = (
     "share one time.",
 )
 UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
-
-
-class _ScrapeListeners:
-    def __init__(self) -> None:
-        self._listeners: list[ScrapeListener] = []
-
-    def add(self, listener: ScrapeListener) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def remove() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return remove
-
-    def emit(self, sample: ScrapeSample) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(sample)
-            except Exception:
-                log.exception("kvscope: scrape listener failed")
 
 
 @dataclass
@@ -181,7 +160,7 @@ class RemoteEngine:
         self._card: ModelCard | None = None
         self._cache: CacheInfo | None = None
         self._listeners = StepListeners()
-        self._scrape_listeners = _ScrapeListeners()
+        self._scrape_listeners: Listeners[ScrapeSample] = Listeners()
         self._control: ServerClient | None = None
         self._prompts: RemotePrompts | None = None
         self._scraper: MetricsScraper | None = None

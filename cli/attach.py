@@ -1,0 +1,76 @@
+"""`--url`: attach to a running vLLM server instead of starting an engine in-process.
+
+The same flags for the playground, `generate` and `bench`. Attaching needs no vLLM, torch
+or GPU on this machine: only `engine.remote` is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.remote import RemoteEngine
+
+
+def add_attach_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "attach to a running vLLM server (instead of starting an engine here)"
+    )
+    group.add_argument(
+        "--url",
+        metavar="URL",
+        help="a running `vllm serve`, e.g. http://127.0.0.1:8000 (https works too)",
+    )
+    group.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the server's --api-key (default: $VLLM_API_KEY, then $OPENAI_API_KEY)",
+    )
+    group.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="which model to use when the server serves several",
+    )
+    group.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        default="auto",
+        help=(
+            "where the server publishes KV-cache events: 'auto' (ask the server), 'off', "
+            "or the endpoint given in its --kv-events-config"
+        ),
+    )
+
+
+def make_remote(args: argparse.Namespace, engine_argv: list[str]) -> RemoteEngine:
+    """A RemoteEngine for `--url`; engine flags make no sense there, so they are refused."""
+    from engine.errors import BadOption
+    from engine.remote import RemoteEngine
+
+    if engine_argv:
+        raise BadOption(
+            " ".join(engine_argv[:3]),
+            "vLLM engine flags belong to the server when attaching with --url; "
+            "start `vllm serve` with them instead",
+        )
+    kv_events = None if args.kv_events == "off" else args.kv_events
+    return RemoteEngine(
+        args.url,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        kv_events=kv_events,
+    )
+
+
+def attach_notice(engine: RemoteEngine) -> None:
+    """One line on stderr saying what was attached and what cannot be seen remotely."""
+    card = engine.card
+    if card is None:
+        return
+    print(
+        f"kvscope: attached to {engine.url}: {card.name}, max_model_len "
+        f"{card.max_model_len:,}, KV pool {card.total_blocks:,} blocks x {card.block_size}",
+        file=sys.stderr,
+    )
