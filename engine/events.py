@@ -204,13 +204,16 @@ class ModelCard:
     # Names of the fields above this engine could not know (a remote server does not
     # tell its layer count, head geometry or dtype): those read 0 or "unknown".
     unknown: tuple[str, ...] = ()
+    # How the engine is spread over devices, e.g. "TP 2 x PP 1 x DP 1 (mp)"; "" for one.
+    parallel: str = ""
 
     @property
     def kv_pool_tokens(self) -> int:
         return self.total_blocks * self.block_size
 
     def blocks_for(self, num_tokens: int) -> int:
-        return math.ceil(num_tokens / self.block_size)
+        # A remote card may not know its block size (no /metrics): count tokens then.
+        return math.ceil(num_tokens / max(self.block_size, 1))
 
 
 @dataclass(frozen=True, slots=True)

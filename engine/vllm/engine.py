@@ -260,6 +260,7 @@ class VllmEngine:
             total_blocks=self._introspector.total_blocks,
             device=str(current_platform.device_type),
             emulation=self.emulation,
+            parallel=_parallel_layout(cfg.parallel_config),
         )
 
     def shutdown(self) -> None:
@@ -580,6 +581,18 @@ def refusal(
         return PromptTooLong(prompt_tokens, card.max_model_len)
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
     return RequestRejected(rid, first)
+
+
+def _parallel_layout(pc: Any) -> str:
+    """"TP 2 x PP 1 x DP 1 (mp)" when vLLM spreads the model over devices; "" on one."""
+    tp = int(getattr(pc, "tensor_parallel_size", 1))
+    pp = int(getattr(pc, "pipeline_parallel_size", 1))
+    dp = int(getattr(pc, "data_parallel_size", 1))
+    if tp * pp * dp == 1:
+        return ""
+    backend = getattr(pc, "distributed_executor_backend", None)
+    how = f" ({backend})" if isinstance(backend, str) else ""
+    return f"TP {tp} x PP {pp} x DP {dp}{how}"
 
 
 def _own_tokenizer(engine: Any) -> Any:
