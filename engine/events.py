@@ -89,6 +89,8 @@ class RequestFinished:
     server: ServerTimings | None = None
     # What the in-process vLLM measured for the same request, from its own clocks.
     vllm: VllmTimings | None = None
+    # Where the TTFT went, step by step (in-process engines only).
+    anatomy: TtftAnatomy | None = None
 
     @classmethod
     def from_times(
@@ -102,6 +104,7 @@ class RequestFinished:
         now: float,
         preemptions: int = 0,
         vllm: VllmTimings | None = None,
+        anatomy: TtftAnatomy | None = None,
     ) -> RequestFinished:
         """The one way every engine sums up a request: all times from `submitted_at`, the
         moment the caller asked, and one arrival time per output token."""
@@ -115,6 +118,7 @@ class RequestFinished:
             e2e_s=(token_times[-1] if token_times else now) - submitted_at,
             preemptions=preemptions,
             vllm=vllm,
+            anatomy=anatomy,
         )
 
 
@@ -134,6 +138,30 @@ class VllmTimings:
     kvscope_queue_s: float  # stream() called to vLLM's arrival time
 
 
+@dataclass(frozen=True, slots=True)
+class TtftAnatomy:
+    """A request's TTFT split into parts that add up to it (to rounding).
+
+    Every moment from `stream()` to the first token falls in exactly one part:
+    - queue: before the scheduler first took the request (kvscope's queue included);
+    - prefill: this request's own share of the steps that ran its prompt, split over
+      `chunks` steps (the share is by tokens: a step that also ran 1,000 tokens of
+      another request gives it most of that step);
+    - others: the rest of those steps, plus steps between its chunks that ran without it;
+    - preempted: after a preemption, until its recompute finished.
+    """
+
+    queue_s: float
+    prefill_s: float
+    chunks: int
+    others_s: float
+    preempted_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.prefill_s + self.others_s + self.preempted_s
+
+
 EngineEvent = RequestAccepted | TokenEvent | RequestFinished
 
 
@@ -144,6 +172,15 @@ class RequestBlocks:
     request_id: str
     block_ids: tuple[int, ...]
     num_tokens: int  # tokens whose KV is in those blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RequestWork:
+    """One request's share of one step: prompt (or recompute) tokens, and decode tokens."""
+
+    request_id: str
+    prefill_tokens: int
+    decode_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +201,9 @@ class StepSample:
     blocks: tuple[RequestBlocks, ...] = ()
     preemptions: int = 0
     preempted_ids: tuple[str, ...] = ()
+    # What each scheduled request did in this step, and who waited (anatomy, timeline).
+    work: tuple[RequestWork, ...] = ()
+    waiting_ids: tuple[str, ...] = ()
     # True for the sample an engine emits when its last request ends or is aborted: no
     # step ran, but every panel must see the pool as it is now (empty), not as the last
     # step left it.

@@ -12,11 +12,22 @@ import asyncio
 import statistics
 
 import pytest
+from subprocess_report import run_and_report
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 from engine.protocol import Engine
 
 ITL_TOLERANCE_S = 0.5e-3
+# A second, short-lived engine whose step budget chunks a 2,048-token prompt into four.
+SMALL_BUDGET_ARGV = (
+    "--max-model-len",
+    "4096",
+    "--kv-cache-memory-bytes",
+    str(128 * 1024**2),
+    "--max-num-batched-tokens",
+    "512",
+    "--enable-chunked-prefill",
+)
 
 
 async def _run(engine: Engine, rid: str, n: int, max_tokens: int, seed: int) -> RequestFinished:
@@ -87,3 +98,64 @@ async def test_the_last_request_ending_leaves_an_idle_sample(vllm_engine: Engine
     last = samples[-1]
     assert last.idle and last.running == 0 and last.waiting == 0
     assert last.free_blocks == last.total_blocks and not last.blocks
+
+
+@pytest.mark.engine
+def test_ttft_anatomy_adds_up_and_counts_prefill_chunks() -> None:
+    """With a 512-token step budget a 2,048-token prompt takes 4 prefill chunks; the parts
+    of its TTFT add up to the TTFT measured from the caller's clock. (Its own engine, in
+    its own process: two vLLM engines cannot share one process's distributed state.)"""
+    script = f"""
+import asyncio, json
+from engine.events import GenerationRequest, SamplingSettings
+from engine.vllm.engine import VllmEngine
+engine = VllmEngine(argv={list(SMALL_BUDGET_ARGV)!r})
+engine.start()
+async def main():
+    ids = engine.synthetic_prompt(2048, seed=340)
+    request = GenerationRequest("anatomy", prompt_token_ids=ids,
+                                sampling=SamplingSettings(max_tokens=2, ignore_eos=True))
+    async for event in engine.stream(request):
+        last = event
+    a = last.anatomy
+    return dict(ttft=last.ttft_s, queue=a.queue_s, prefill=a.prefill_s, chunks=a.chunks,
+                others=a.others_s, preempted=a.preempted_s, total=a.total_s)
+print("ANATOMY" + json.dumps(asyncio.run(main())))
+engine.shutdown()
+"""
+    parts = run_and_report(script, "ANATOMY")
+    assert parts["chunks"] == 4, parts
+    assert parts["total"] == pytest.approx(parts["ttft"], abs=1e-6)
+    assert parts["prefill"] > parts["queue"]
+
+
+async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine) -> None:
+    """One long prompt arrives while another request decodes: the step where the decoder's
+    token waited also ran the newcomer's prefill chunk, and the step sample says so."""
+    samples: list[StepSample] = []
+    remove = vllm_engine.add_step_listener(samples.append)
+    try:
+        decoder = asyncio.create_task(_run(vllm_engine, "spike-decoder", 64, 40, seed=350))
+        await asyncio.sleep(0.3)
+        long = await _run(vllm_engine, "spike-long", 2048, 2, seed=351)
+        dec = await decoder
+    finally:
+        remove()
+    worst = max(range(len(dec.itl_s)), key=lambda i: dec.itl_s[i])
+    # The step that made the decoder's slowest token:
+    by_step = {s.step: s for s in samples}
+    spiky = [
+        s
+        for s in samples
+        if any(w.request_id == "spike-decoder" and w.decode_tokens for w in s.work)
+        and any(w.request_id == "spike-long" and w.prefill_tokens for w in s.work)
+    ]
+    assert spiky, "no step ran the decoder beside the long prefill"
+    assert dec.itl_s[worst] >= max(s.duration_s for s in spiky) * 0.9
+    assert by_step  # the samples carried per-request work
+    # The long request shared its prefill steps with the decoder: some of its TTFT is the
+    # decoder's, and the parts still add up to the whole.
+    parts = long.anatomy
+    assert parts is not None and long.ttft_s is not None
+    assert parts.others_s > 0
+    assert parts.total_s == pytest.approx(long.ttft_s, abs=1e-6)

@@ -44,9 +44,11 @@ from engine.events import (
     ProgressCallback,
     RequestAccepted,
     RequestFinished,
+    RequestWork,
     StepListener,
     StepSample,
     TokenEvent,
+    TtftAnatomy,
     VllmTimings,
 )
 from engine.listeners import StepListeners
@@ -70,10 +72,58 @@ class _Live:
     internal_id: str = ""
     vllm_stats: Any = None  # vLLM's RequestStateStats for this request
     vllm_token_ts: list[float] = field(default_factory=list)
+    anatomy: _AnatomyClock | None = None
     output_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
     done: bool = False
+
+
+@dataclass
+class _AnatomyClock:
+    """Books every moment from stream() to the first token into one TTFT part."""
+
+    cursor: float  # everything before this is booked
+    scheduled: bool = False
+    preempted: bool = False
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    chunks: int = 0
+    others_s: float = 0.0
+    preempted_s: float = 0.0
+
+    def _idle(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self.preempted:
+            self.preempted_s += seconds
+        elif self.scheduled:
+            self.others_s += seconds
+        else:
+            self.queue_s += seconds
+
+    def step(self, started: float, ended: float, own: int, total: int, preempted: bool) -> None:
+        self._idle(started - self.cursor)
+        # A preemption happens as this step is scheduled: the step is already lost time.
+        self.preempted = self.preempted or preempted
+        duration = ended - started
+        if own > 0:
+            mine = duration * own / max(total, 1)
+            if self.preempted:
+                self.preempted_s += mine  # recompute: work lost to the preemption
+            else:
+                self.prefill_s += mine
+                self.chunks += 1
+            self.others_s += duration - mine
+            self.scheduled = True
+        else:
+            self._idle(duration)
+        self.cursor = ended
+
+    def result(self) -> TtftAnatomy:
+        return TtftAnatomy(
+            self.queue_s, self.prefill_s, self.chunks, self.others_s, self.preempted_s
+        )
 
 
 class _Outbox:
@@ -395,6 +445,9 @@ class VllmEngine:
                 now=now,
                 preemptions=live.preemptions,
                 vllm=self._vllm_timings(live),
+                anatomy=live.anatomy.result()
+                if live.anatomy is not None and live.token_times
+                else None,
             ),
         )
         self._live.pop(live.request.request_id, None)
@@ -410,6 +463,21 @@ class VllmEngine:
         preempted = tuple(
             self._internal[i] for i in work.preempted_internal_ids if i in self._internal
         )
+        per_request = tuple(
+            RequestWork(self._internal[i], p, d)
+            for i, (p, d) in work.per_request.items()
+            if i in self._internal
+        )
+        total_tokens = work.prefill_tokens + work.decode_tokens
+        own_prefill = {w.request_id: w.prefill_tokens for w in per_request}
+        preempted_set = set(preempted)
+        for pending in self._live.values():
+            clock = pending.anatomy
+            if clock is not None and not pending.token_times:
+                rid = pending.request.request_id
+                clock.step(
+                    started, ended, own_prefill.get(rid, 0), total_tokens, rid in preempted_set
+                )
         for rid in preempted:
             if rid in self._live:
                 self._live[rid].preemptions += 1
@@ -428,6 +496,10 @@ class VllmEngine:
             blocks=intro.live_blocks(self._internal),
             preemptions=len(preempted),
             preempted_ids=preempted,
+            work=per_request,
+            waiting_ids=tuple(
+                self._internal[i] for i in work.waiting_internal_ids if i in self._internal
+            ),
         )
         # Listeners first: a consumer that stops listening when its request finishes
         # must still see the step that finished it.
@@ -524,6 +596,7 @@ class VllmEngine:
         live = _Live(
             request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, submitted_wall
         )
+        live.anatomy = _AnatomyClock(cursor=submitted_at)
         with self._gate:
             if self._dead:
                 raise EngineDied(self._dead)
@@ -584,7 +657,7 @@ def refusal(
 
 
 def _parallel_layout(pc: Any) -> str:
-    """"TP 2 x PP 1 x DP 1 (mp)" when vLLM spreads the model over devices; "" on one."""
+    """ "TP 2 x PP 1 x DP 1 (mp)" when vLLM spreads the model over devices; "" on one."""
     tp = int(getattr(pc, "tensor_parallel_size", 1))
     pp = int(getattr(pc, "pipeline_parallel_size", 1))
     dp = int(getattr(pc, "data_parallel_size", 1))

@@ -11,7 +11,7 @@ block map can draw exactly `total_blocks` cells.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.events import RequestBlocks
@@ -22,6 +22,9 @@ class ScheduledWork:
     prefill_tokens: int
     decode_tokens: int
     preempted_internal_ids: tuple[str, ...]
+    # Per scheduled request (vLLM's internal ID): (prefill tokens, decode tokens).
+    per_request: dict[str, tuple[int, int]] = field(default_factory=dict)
+    waiting_internal_ids: tuple[str, ...] = ()
 
 
 class EngineIntrospector:
@@ -72,15 +75,25 @@ class EngineIntrospector:
         for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
             before[rid] = n
         prefill = decode = 0
+        per_request: dict[str, tuple[int, int]] = {}
         for rid, scheduled in out.num_scheduled_tokens.items():
             request = self.scheduler.requests.get(rid)
-            prompt = request.num_prompt_tokens if request is not None else 0
             done = before.get(rid, 0)
-            in_prompt = max(0, min(scheduled, prompt - done))
-            prefill += in_prompt
-            decode += scheduled - in_prompt
+            if request is None:
+                own = (scheduled, 0)
+            elif request.num_output_tokens > 0 and done >= request.num_tokens - 1:
+                # The one new token of a decode step (or its speculative run).
+                own = (0, scheduled)
+            else:
+                # The prompt, or a preempted request recomputing its prompt and its own
+                # earlier output: both are prefill work, whatever the token positions.
+                own = (scheduled, 0)
+            per_request[rid] = own
+            prefill += own[0]
+            decode += own[1]
         preempted = tuple(sorted(out.preempted_req_ids or ()))
-        return ScheduledWork(prefill, decode, preempted)
+        waiting = tuple(str(r.request_id) for r in self.scheduler.waiting)
+        return ScheduledWork(prefill, decode, preempted, per_request, waiting)
 
     def take_scheduled(self) -> ScheduledWork:
         work, self._last = self._last, None
