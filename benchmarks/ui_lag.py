@@ -135,7 +135,8 @@ async def run(seconds: float, copies: int, step_s: float, manage_gc: bool = True
     )
     print(
         f"  Python heap blocks: {blocks_5:,} -> {blocks_end:,}; the transcript now shows "
-        f"{shown:,} tokens of the first copy (each extra copy is one status line)"
+        f"{shown:,} tokens of the first copy (extra copies are counted on one line while "
+        "they stream)"
     )
     ok_lag = p99 < LAG_TARGET_MS
     ok_mem = growth < MEMORY_TARGET_MIB

@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 from textual.pilot import Pilot
 from tui_helpers import (
+    SERIES_CONFIG,
     HoldingClock,
     engine_ready,
     make_app,
     reply_done,
     send_chat,
+    send_series,
     settle,
     tui_config_dir,
     wait_until,
@@ -80,6 +82,22 @@ def _two_requests(clock: HoldingClock) -> Before:
     return before
 
 
+async def _after_the_series(pilot: Pilot[int]) -> None:
+    """A chat turn, then synthetic prompts of 512 to 4,096 tokens sent with Enter."""
+    await engine_ready(pilot)
+    await send_chat(pilot, "What does the KV cache hold?")
+    await reply_done(pilot)
+    await send_series(pilot)
+    main = _main(pilot).main_screen
+    if main.has_class("-narrow"):
+        # The Engine tab scrolls at 80x24: show the latency plot, the one that matters here.
+        await pilot.press("f3")
+        await settle(pilot)
+        box = main.engine_panel.query_one("#ttft-box")
+        main.engine_panel.query_one("#engine-grid").scroll_to_widget(box, animate=False, top=True)
+    await settle(pilot)
+
+
 async def _help(pilot: Pilot[int]) -> None:
     await engine_ready(pilot)
     await pilot.press("f1")
@@ -109,6 +127,12 @@ def test_block_map_with_two_requests(snap_compare, size: tuple[int, int]) -> Non
         assert snap_compare(app, terminal_size=size, run_before=_two_requests(clock))
     finally:
         clock.release()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_latency_plot_after_the_512_to_4096_series(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    # Both series on one plot (TTFT rises, median ITL stays flat), round ticks, a key.
+    assert snap_compare(make_app(SERIES_CONFIG), terminal_size=size, run_before=_after_the_series)
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -10,7 +10,14 @@ from tui_helpers import engine_ready, make_app, tui_config_dir, wait_until
 
 from bench.sweep import SweepConfig, SweepPoint, SweepResult
 from engine.events import ModelCard
-from tui.screens.sweep import SweepScreen, default_prompt_lens, parse_lens, sweep_figures
+from tui.screens.sweep import (
+    SweepScreen,
+    default_prompt_lens,
+    eta_seconds,
+    parse_lens,
+    run_label,
+    sweep_figures,
+)
 from tui.widgets.plot import Plot
 
 __all__ = ["tui_config_dir"]
@@ -96,3 +103,54 @@ def test_default_lengths_and_figures() -> None:
     ttft, itl = sweep_figures(points)
     assert ttft is not None and ttft.series[0].ys == (10.0, 20.0)
     assert itl is not None and len(itl.series) == 2
+
+
+def test_run_label_and_eta() -> None:
+    config = SweepConfig(prompt_lens=(512, 1024), runs=3, warmup=1)
+    assert run_label(0, config) == "warm-up 1/1"
+    assert run_label(1, config) == "512 tok, run 1/3"
+    assert run_label(2, config) == "512 tok, run 2/3"
+    assert run_label(4, config) == "1,024 tok, run 1/3"
+    assert eta_seconds([], [512]) is None
+    assert eta_seconds([(512, 2.0)], []) == 0.0
+    # Runs of 512 took 2 s, of 1,024 took 4 s: three runs of 2,048 take about 24 s.
+    eta = eta_seconds([(512, 2.0), (512, 2.0), (1024, 4.0)], [2048] * 3)
+    assert eta is not None and abs(eta - 24.0) < 1e-6
+
+
+async def test_each_run_is_plotted_as_it_ends_with_a_run_line() -> None:
+    from tui_helpers import HoldingClock
+
+    # 16 output tokens: a request takes 17 steps; hold inside the second run.
+    clock = HoldingClock(hold_after=25)
+    app = make_app(clock=clock)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await engine_ready(pilot)
+            await pilot.press("f5")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, SweepScreen)
+            for field_id, value in (
+                ("lens", "64"),
+                ("output-len", "16"),
+                ("runs", "3"),
+                ("warmup", "0"),
+                ("concurrency", "1"),
+            ):
+                screen.query_one(f"#{field_id}", Input).value = value
+            await pilot.press("f6")
+            await wait_until(pilot, lambda: clock.holding, 30)
+            await pilot.pause(0.2)
+            assert len(screen.runs) == 1 and screen.points == []  # plotted before the mean
+            assert screen.query_one("#sweep-ttft", Plot).has_drawing
+            line = str(screen.query_one("#sweep-run").render())
+            assert line.startswith("64 tok, run 2/3 · about")
+            clock.release()
+            await wait_until(pilot, lambda: not screen.running, 30)
+            status = str(screen.query_one("#sweep-status").render())
+            # One length: singular, and counted from the result, not the table.
+            assert status.startswith("Done: 1 prompt length measured.")
+            assert len(screen.runs) == 3
+    finally:
+        clock.release()

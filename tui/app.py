@@ -239,7 +239,9 @@ def run_tui(
 
     With `screenshot`, run headless at `size` instead, with `script` driving the app; the
     script saves an SVG to `app.screenshot_path` and exits. The engine belongs to the
-    caller, which shuts it down.
+    caller, which shuts it down; Ctrl+Q shuts it down first, inside the app, so that the
+    user sees "shutting down the engine…" instead of a blank terminal (shutdown is
+    idempotent: the caller's own call then returns at once).
     """
     app = KvscopeApp(engine, script=script)
     app.screenshot_path = screenshot

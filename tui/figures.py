@@ -112,13 +112,14 @@ def latency_figure(
         return tuple(math.log10(max(v, 1e-3)) for v in values) if log_y else values
 
     series: list[Series] = []
-    # Drawn first, so a TTFT point on top of an ITL point stays visible.
-    ix, iy = xy(itl, "median_itl_ms")
-    series.append(Series(ix, y(iy), role="series-alt", kind="scatter", marker=ITL_MARK))
-    tx, ty = xy(served, "ttft_ms")
-    series.append(Series(tx, y(ty), role="series", kind="scatter", marker=TTFT_MARK))
     qx, qy = xy(queued, "service_ttft_ms")
     series.append(Series(qx, y(qy), role="marker", kind="scatter", marker=QUEUED_MARK))
+    tx, ty = xy(served, "ttft_ms")
+    series.append(Series(tx, y(ty), role="series", kind="scatter", marker=TTFT_MARK))
+    # Drawn last: the flat ITL line is half of the finding, and no TTFT point near the
+    # axis may hide it.
+    ix, iy = xy(itl, "median_itl_ms")
+    series.append(Series(ix, y(iy), role="series-alt", kind="scatter", marker=ITL_MARK))
     figure = Figure(
         series=tuple(s for s in series if s.xs),
         xaxis=axes.token_axis(right, columns),

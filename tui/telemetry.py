@@ -108,7 +108,7 @@ class HostWatch:
             parts.append(f"decode steps vary ×{spread:.1f}")
         if not parts:
             return None
-        return HostWarning(f"⚠ host busy ({', '.join(parts)}): timings are noisy")
+        return HostWarning(f"⚠ host busy: {'; '.join(parts)}: timings are noisy")
 
 
 class Telemetry:
@@ -209,17 +209,18 @@ class Telemetry:
         start = now - window_s
         xs: list[float] = []
         ys: list[float] = []
-        before: tuple[float, float] | None = None
-        for t, pct in zip(self.kv_t, self.kv_pct, strict=True):
+        # From the newest back to the window's left edge: a redraw costs the window's
+        # points, not the whole buffer's.
+        for t, pct in zip(reversed(self.kv_t), reversed(self.kv_pct), strict=True):
             if t < start:
-                before = (t, pct)
-                continue
+                # The line enters the window from its left edge, at the value it had then.
+                xs.append(-window_s)
+                ys.append(pct)
+                break
             xs.append(t - now)
             ys.append(pct)
-        if before is not None:
-            # The line enters the window from its left edge, at the value it had then.
-            xs.insert(0, -window_s)
-            ys.insert(0, before[1])
+        xs.reverse()
+        ys.reverse()
         marks = [t - now for t in self.preempt_t if t >= start]
         return xs, ys, marks
 

@@ -30,17 +30,27 @@ every token is coloured by its own latency (green ≤ 1.5× the reply's median I
 happened.
 
 **Controls** (left). The model card: what was loaded and how big its KV cache is. Sampling
-settings. The *prompt-length slider* sends a synthetic prompt of exactly N tokens; its
-ruler marks the walls: **M** `max_model_len` (past it the engine refuses the prompt),
-**K** the KV pool divided by the concurrency (past it requests are preempted or queued),
-and **G** the emulated GPU's pool when one is emulated. *Concurrency* sends that many
-copies of each request at once, to fill the pool and provoke preemption.
+settings. The *prompt-length slider* sends a synthetic prompt of exactly N tokens (Enter in
+an empty message box sends it; what you type is appended); its ruler marks the walls:
+**M** `max_model_len` (a prompt of M tokens or more is refused), **K** the KV pool divided
+by the concurrency, less each copy's max tokens of output (past it requests are preempted
+or queued; just under it the ruler turns amber), and **G** the emulated GPU's pool when one
+is emulated (its context limit is not emulated: M stays this model's). *Concurrency* sends
+that many copies of each request at once, to fill the pool and provoke preemption; the
+line under it says how many fit. A send that will prefill for long is estimated first.
 
-**Engine** (right). Live, from every engine step: running and waiting requests, prefill and
-decode tokens of the step, the *KV block map* (one character per physical block, coloured
-by the request that holds it; dim dots are free), KV usage over time with preemptions
-marked, ITL per token of the current reply with p50/p90/p99, and TTFT against prompt
-length for every reply of the session: TTFT grows with the prompt, ITL stays flat.
+**Engine** (right). Live, from the latest engine step, the same one for every part:
+running and waiting requests, prefill and decode tokens of the step (and a warning when the
+host is too busy for its timings to mean much), the *KV block map* (one character per
+physical block, coloured by the request that holds it; dim dots are free), KV usage over
+the last 60 s with preemptions marked, ITL per token of the current reply with p50/p90/p99,
+and *latency vs prompt tokens* for every reply of the session: TTFT (•) grows with the
+prompt, median ITL (×) stays flat. A copy that queued behind others is drawn as ◇, with its
+queue time taken off. F9 clears the plots; ctrl+y puts that plot on a log scale.
+
+A request's status reads: *submitted*, *queued by the scheduler (token budget)*, *waiting
+for KV blocks* (only when fewer blocks are free than it needs), *prefilling (chunk k of
+n)*, *decoding*, or *preempted*.
 
 Below 120 columns the panels become tabs: F2 Chat, F3 Engine, F4 Controls.
 """

@@ -57,7 +57,7 @@ class MainScreen(Screen[None]):
         Binding("ctrl+l", "toggle_latency", "Latency colours"),
         Binding("ctrl+r", "restart_engine", "Restart engine"),
         Binding("f9", "clear_plots", "Clear plots"),
-        Binding("ctrl+y", "toggle_log_latency", "Log y", show=False),
+        Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
         Binding("f3", "show_panel('engine')", "Engine panel", show=False),
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),
@@ -284,7 +284,8 @@ class MainScreen(Screen[None]):
             # take gigabytes to make only to be refused. vLLM's rule: prompt < M.
             error = PromptTooLong(n, card.max_model_len)
             controls.show_error(error.plain())
-            self.notify(error.plain(), title="Not sent", severity="error")
+            # Said where the user pressed Enter too (at 80x24 the slider is on another tab).
+            await self.chat.add_notice(f"✗ Not sent. {error.plain()}", error=True)
             return False
         if synthetic:
             guess = self.send_estimate()
@@ -315,8 +316,12 @@ class MainScreen(Screen[None]):
                 # One seed per copy: copies that shared a prompt would share its KV
                 # blocks through prefix caching and never fill the pool. EOS is ignored
                 # so every copy decodes max tokens, as a benchmark request does.
+                # A seed per turn too: the 1,024-token prompt after a 512-token one must
+                # not find its first half in the prefix cache (TTFT would look cheap).
                 prompts = [
-                    await asyncio.to_thread(self.engine.synthetic_prompt, n, text, copy)
+                    await asyncio.to_thread(
+                        self.engine.synthetic_prompt, n, text, turn * 1_000 + copy
+                    )
                     for copy in range(len(ids))
                 ]
                 walking = dataclasses.replace(sampling, ignore_eos=True)

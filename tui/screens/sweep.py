@@ -13,7 +13,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, ScrollableContainer, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -136,9 +136,8 @@ def sweep_figures(
         top = max(max(s.ys) for s in all_series if s.ys)
         return Figure(
             tuple(all_series),
-            xlabel="prompt tokens",
             xaxis=axes.token_axis(right, columns),
-            yaxis=axes.duration_axis(top, axes.plot_rows(rows)),
+            yaxis=axes.duration_axis(top, axes.plot_rows(rows, xlabel=False)),
         )
 
     return figure(ttft), figure(itl)
@@ -224,6 +223,9 @@ class SweepScreen(Screen[None]):
     """Runs `bench.sweep.run_sweep` in a worker; points are drawn as they come in."""
 
     CSS_PATH = "sweep.tcss"
+    # Narrow (80x24): the form, the plots and the whole table one under the other, in
+    # one scrolling column, instead of a table cut to a few rows and columns.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),
         Binding("f6", "run", "Run / stop"),
@@ -267,7 +269,7 @@ class SweepScreen(Screen[None]):
         card = self.engine.card
         defaults = SweepConfig()
         yield Header()
-        with Horizontal(id="sweep-body"):
+        with ScrollableContainer(id="sweep-body"):
             with VerticalScroll(id="sweep-form"):
                 yield Static(
                     "Each run sends exact-length synthetic prompts that ignore EOS, so every "
@@ -384,6 +386,10 @@ class SweepScreen(Screen[None]):
         self.query_one(DataTable).clear()
         self.running = True
         self._status("Running…")
+        if self.has_class("-narrow"):
+            # One column at 80x24: bring the plots into view as the points start to come.
+            body = self.query_one("#sweep-body", ScrollableContainer)
+            body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
         self._run(config)
 
     @work(group="sweep", exclusive=True, exit_on_error=False)

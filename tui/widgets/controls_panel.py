@@ -200,7 +200,7 @@ class ControlsPanel(VerticalScroll):
         fit.update(
             Text(
                 f"{fmt.count(fits, 'copy', 'copies')} of {n:,} + {self.max_tokens:,} tokens "
-                f"fit in the pool at once"
+                f"{'fits' if fits == 1 else 'fit'} in the pool at once"
                 + (f": {copies - fits:,} will queue or preempt" if copies > fits else "")
             )
         )

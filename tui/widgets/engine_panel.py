@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -53,6 +54,8 @@ ITL_KEY = _key(
 
 class EnginePanel(Vertical):
     """Draws from the telemetry buffers when `redraw()` is called (by a timer)."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"engine-panel--warning"}
 
     engine_state: reactive[EngineState] = reactive[EngineState]("loading")
     """Bound from the screen: the panel says "loading" until the engine is ready."""
@@ -178,7 +181,9 @@ class EnginePanel(Vertical):
             text = Text(line)
             if host is not None:
                 text.append("\n")
-                text.append(host.words, style="bold")
+                text.append(
+                    host.words, style=self.get_component_rich_style("engine-panel--warning")
+                )
             step = self.query_one("#engine-step", Static)
             step.set_class(host is not None, "-host-busy")
             step.update(text, layout=False)

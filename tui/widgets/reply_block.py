@@ -92,15 +92,30 @@ class ReplySummary:
     copies: list[CopyState] = field(default_factory=list)
 
 
+def _num_ms(seconds: float | None) -> str:
+    """Milliseconds as a bare number for a table whose header carries the unit."""
+    if seconds is None:
+        return "–"
+    value = seconds * 1000.0
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     """The finished extra copies as one table (and its lines as plain text).
 
     A few copies get a row each. Many (16 copies of a synthetic prompt) are summed up as
-    min / median / max rows, so they do not flood the transcript with footers.
+    min / median / max rows, so they do not flood the transcript with footers. Units are
+    in the header, so every cell stays on one line in a narrow chat column.
     """
+    per_copy = len(copies) <= PER_COPY_ROWS
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    for name in ("copy", "TTFT", "ITL p50", "ITL p99", "tok/s", "output", "ended"):
-        table.add_column(name, justify="left" if name in ("copy", "ended") else "right")
+    names = ["copy" if per_copy else "", "TTFT ms", "p50 ms", "p99 ms", "tok/s", "out"]
+    if per_copy:
+        names.append("ended")
+    for name in names:
+        table.add_column(
+            name, justify="left" if name in ("copy", "", "ended") else "right", no_wrap=True
+        )
     plain: list[str] = []
     finished = [c.finished for c in copies if c.finished is not None]
 
@@ -111,7 +126,7 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
         p99 = percentile(itl, 99) if itl else None
         return ev.ttft_s, p50, p99, rate
 
-    if len(copies) <= PER_COPY_ROWS:
+    if per_copy:
         for c in copies:
             if c.finished is None:
                 table.add_row(c.request_id, "", "", "", "", "", f"failed: {c.error}")
@@ -121,14 +136,15 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
             ended = REASONS.get(c.finished.reason, c.finished.reason)
             if c.finished.preemptions:
                 ended += f", preempted ×{c.finished.preemptions}"
-            row = (
-                fmt.ms(ttft),
-                fmt.ms(p50),
-                fmt.ms(p99),
+            table.add_row(
+                c.request_id,
+                _num_ms(ttft),
+                _num_ms(p50),
+                _num_ms(p99),
                 f"{rate:,.1f}",
                 f"{c.finished.output_tokens:,}",
+                ended,
             )
-            table.add_row(c.request_id, *row, ended)
             plain.append(f"{c.request_id} · {footer_line(c.finished)}")
         return table, plain
 
@@ -147,12 +163,11 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
         out = pick([float(o) for o in outs])
         table.add_row(
             label,
-            fmt.ms(a_ttft),
-            fmt.ms(a_p50),
-            fmt.ms(a_p99),
+            _num_ms(a_ttft),
+            _num_ms(a_p50),
+            _num_ms(a_p99),
             f"{a_rate:,.1f}" if a_rate is not None else "–",
             f"{out:,.0f}" if out is not None else "–",
-            "",
         )
         plain.append(
             f"{label} · TTFT {fmt.ms(a_ttft)} · ITL p50 {fmt.ms(a_p50)} · p99 {fmt.ms(a_p99)}"
@@ -168,6 +183,7 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     words = f"{len(copies):,} more copies: " + " · ".join(parts)
     table.title = words
     table.title_justify = "left"
+    table.title_style = "italic"
     plain.insert(0, words)
     return table, plain
 

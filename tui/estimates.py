@@ -1,0 +1,86 @@
+"""How long a send will take to prefill, said before the user waits for it.
+
+Filling an emulated L4's pool means prefilling some 80,000 tokens: minutes on a CPU. The
+estimate comes from the prefill rate measured in this session's own steps; before there
+is one, from this CPU's calibrated roofline (a floor, so "at least").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.errors import KvscopeError
+from engine.events import ModelCard
+from tui import format as fmt
+
+LONG_SEND_S = 10.0
+"""A send whose prefill is estimated to take longer than this is announced first."""
+
+FloorFn = Callable[[int], float]
+"""Seconds the roofline says a prompt of N tokens takes to prefill, at best."""
+
+
+@dataclass(frozen=True)
+class PrefillEstimate:
+    tokens: int
+    seconds: float
+    source: Literal["measured", "roofline"]
+    device: str
+
+    @property
+    def long(self) -> bool:
+        return self.seconds >= LONG_SEND_S
+
+    def words(self) -> str:
+        where = "this CPU" if self.device == "cpu" else f"this {self.device}"
+        about = "≈" if self.source == "measured" else "≥"
+        return f"{self.tokens:,} prompt tokens {about} {fmt.duration(self.seconds)} on {where}"
+
+
+def roofline_floor(card: ModelCard) -> FloorFn | None:
+    """The CPU's prefill floor for the card's model, if the CPU was calibrated already.
+
+    Never calibrates here (that takes seconds of full CPU): only a cached profile is used.
+    """
+    if card.device != "cpu":
+        return None
+    try:
+        from roofline.hardware import load_cached_cpu_profile, load_geometry
+        from roofline.model import ttft_floor_s
+
+        profile = load_cached_cpu_profile()
+        if profile is None:
+            return None
+        geometry = load_geometry(card.path)
+    except (KvscopeError, OSError, ValueError, KeyError):
+        return None
+
+    def floor(tokens: int) -> float:
+        return ttft_floor_s(geometry, profile, tokens)
+
+    return floor
+
+
+def estimate(
+    card: ModelCard,
+    prompt_tokens: int,
+    copies: int,
+    *,
+    measured_rate: float | None,
+    floor: FloorFn | None,
+) -> PrefillEstimate | None:
+    """The prefill time of `copies` prompts of `prompt_tokens`, or None if unknown."""
+    total = max(0, prompt_tokens) * max(1, copies)
+    if total == 0:
+        return None
+    if measured_rate is not None and measured_rate > 0:
+        return PrefillEstimate(total, total / measured_rate, "measured", card.device)
+    if floor is not None:
+        try:
+            seconds = floor(prompt_tokens) * max(1, copies)
+        except (KvscopeError, ValueError):
+            return None
+        return PrefillEstimate(total, seconds, "roofline", card.device)
+    return None

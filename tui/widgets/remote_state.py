@@ -1,0 +1,141 @@
+"""RemoteStateView: a running vLLM server's state, as far as a client can see it.
+
+Shown in the engine panel when kvscope is attached with `--url`: one row per engine (a
+data-parallel rank is a row), the server's own TTFT and ITL since attach, the prefix-cache
+index rebuilt from KV events, coloured by chat, and one line for each thing a remote view
+cannot show, instead of a panel of zeros.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from engine.events import HistogramDelta, PrefixCacheView, RemoteCapabilities, ScrapeSample
+from tui import format as fmt
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _hist(h: HistogramDelta) -> str:
+    """p50 / p99 of a server histogram since attach, or a dash before any observation."""
+    if not h.count:
+        return "–"
+    return f"p50 {fmt.ms(h.quantile(0.5))} · p99 {fmt.ms(h.quantile(0.99))} ({h.count:,})"
+
+
+def _waiting(pairs: tuple[tuple[str, int], ...], total: int) -> str:
+    reasons = ", ".join(f"{n} {why}" for why, n in pairs if n)
+    return f"{total}" + (f" ({reasons})" if reasons else "")
+
+
+class RemoteStateView(Widget):
+    """The attached server's engines, latencies and prefix cache, from /metrics and KV
+    events; it says plainly what it cannot see."""
+
+    DEFAULT_CSS = """
+    RemoteStateView {
+        height: auto;
+    }
+    RemoteStateView > .remote-state--label {
+        color: $text-muted;
+    }
+    RemoteStateView > .remote-state--muted {
+        color: $text-muted;
+        text-style: italic;
+    }
+    RemoteStateView > .remote-state--warning {
+        color: $warning;
+    }
+    """
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "remote-state--label",
+        "remote-state--muted",
+        "remote-state--warning",
+    }
+
+    sample: reactive[ScrapeSample | None] = reactive(None, layout=True)
+    """The latest /metrics scrape, or None before the first."""
+    capabilities: reactive[RemoteCapabilities | None] = reactive(None, layout=True)
+    """What the remote engine can show right now."""
+    cache: reactive[PrefixCacheView | None] = reactive(None, layout=True)
+    """The prefix-cache index from KV events."""
+
+    def render(self) -> RenderableType:
+        style = self.get_component_rich_style
+        caps = self.capabilities
+        parts: list[RenderableType] = []
+        if caps is not None:
+            head = f"attached to {caps.url}"
+            if not caps.reachable:
+                parts.append(
+                    Text(f"{head}: the server does not answer", style("remote-state--warning"))
+                )
+            else:
+                parts.append(Text(head, style("remote-state--label")))
+            if not caps.metrics:
+                parts.append(Text(caps.metrics_note, style("remote-state--warning")))
+        sample = self.sample
+        if sample is not None and sample.rows:
+            table = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
+            for name in (
+                "engine",
+                "run",
+                "wait",
+                "KV",
+                "blocks",
+                "preempt",
+                "hits",
+                "tok/s in·out",
+            ):
+                table.add_column(
+                    name, justify="right" if name != "engine" else "left", no_wrap=True
+                )
+            for row in sample.rows:
+                table.add_row(
+                    row.engine,
+                    str(row.running),
+                    _waiting(row.waiting_by_reason, row.waiting),
+                    f"{row.kv_usage:.0%}",
+                    f"{row.used_blocks:,}/{row.total_blocks:,}",
+                    str(row.preemptions),
+                    _pct(row.prefix_cache_hit_rate),
+                    f"{row.prompt_tokens_per_s:,.0f}·{row.generation_tokens_per_s:,.0f}",
+                )
+            parts.append(table)
+            parts.append(
+                Text.assemble(("server TTFT ", style("remote-state--label")), _hist(sample.ttft))
+            )
+            parts.append(
+                Text.assemble(("server ITL  ", style("remote-state--label")), _hist(sample.itl))
+            )
+        cache = self.cache
+        if cache is not None:
+            if cache.receiving:
+                sessions = cache.by_session()
+                who = ", ".join(f"{s or '?'}: {n}" for s, n in sorted(sessions.items(), key=str))
+                parts.append(
+                    Text.assemble(
+                        ("prefix cache ", style("remote-state--label")),
+                        f"{len(cache.blocks):,} blocks cached ({who}); "
+                        f"{cache.reused_total:,} re-used, {cache.removed_total:,} evicted",
+                    )
+                )
+            if cache.note:
+                parts.append(Text(cache.note, style("remote-state--muted")))
+        if caps is not None:
+            for note in caps.notes:
+                parts.append(Text(note, style("remote-state--muted")))
+        if not parts:
+            return Text(
+                "waiting for the server's first /metrics scrape…", style("remote-state--muted")
+            )
+        return Group(*parts)
