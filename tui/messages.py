@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from engine.errors import KvscopeError
-from engine.events import LoadProgress, ModelCard, StepSample
+from engine.events import LoadProgress, ModelCard, ScrapeSample, StepSample
 
 
 @dataclass
@@ -40,3 +40,10 @@ class StepSampled(Message):
     """One engine step's sample, from the step listener."""
 
     sample: StepSample
+
+
+@dataclass
+class ScrapeSampled(Message):
+    """A remote server's /metrics scrape, from the remote engine's scraper thread."""
+
+    sample: ScrapeSample

@@ -23,6 +23,7 @@ from engine.events import (
     ModelCard,
     RequestAccepted,
     RequestFinished,
+    ScrapeSample,
     StepSample,
     TokenEvent,
 )
@@ -31,7 +32,13 @@ from tui import format as fmt
 from tui.conversation import Conversation
 from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
 from tui.gc_pauses import GcPolicy
-from tui.messages import EngineFailed, EngineProgressed, EngineReady, StepSampled
+from tui.messages import (
+    EngineFailed,
+    EngineProgressed,
+    EngineReady,
+    ScrapeSampled,
+    StepSampled,
+)
 from tui.plotting import PlotRenderer
 from tui.request_status import RequestStatus
 from tui.telemetry import Telemetry
@@ -91,6 +98,7 @@ class MainScreen(Screen[None]):
         self._current_user_text = ""
         self._current_synthetic = False
         self._remove_listener: object = None
+        self._remove_scrape_listener: object = None
         self._ticks = 0
         self._busy_notified = False  # one "still streaming" toast per reply, not one per Enter
         self._floor: FloorFn | None = None
@@ -137,6 +145,8 @@ class MainScreen(Screen[None]):
     def on_unmount(self) -> None:
         if callable(self._remove_listener):
             self._remove_listener()
+        if callable(self._remove_scrape_listener):
+            self._remove_scrape_listener()
         if self.gc_policy is not None:
             self.gc_policy.stopped()
 
@@ -181,6 +191,18 @@ class MainScreen(Screen[None]):
         with contextlib.suppress(RuntimeError):
             self.post_message(StepSampled(sample))
 
+    def _on_scrape(self, sample: ScrapeSample) -> None:
+        # Called from a remote engine's scraper thread.
+        with contextlib.suppress(RuntimeError):
+            self.post_message(ScrapeSampled(sample))
+
+    def on_scrape_sampled(self, message: ScrapeSampled) -> None:
+        view = self.engine_panel.remote_state
+        view.sample = message.sample
+        view.capabilities = getattr(self.engine, "capabilities", None)
+        prefix_cache = getattr(self.engine, "prefix_cache", None)
+        view.cache = prefix_cache() if callable(prefix_cache) else None
+
     def on_engine_progressed(self, message: EngineProgressed) -> None:
         self.chat.status.progress = message.progress
 
@@ -221,6 +243,14 @@ class MainScreen(Screen[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
+        add_scrape = getattr(self.engine, "add_scrape_listener", None)
+        if callable(add_scrape) and self._remove_scrape_listener is None:
+            self._remove_scrape_listener = add_scrape(self._on_scrape)
+        remote = bool(getattr(self.engine, "remote", False))
+        self.engine_panel.remote = remote
+        if remote:
+            view = self.engine_panel.remote_state
+            view.capabilities = getattr(self.engine, "capabilities", None)
         if self.gc_policy is not None:
             self.gc_policy.started()
         self.card = message.card
@@ -452,6 +482,9 @@ class MainScreen(Screen[None]):
         # The cancelled streams never see their finish: forget their tracks here.
         self.telemetry.requests.clear()
         self.conversation.clear()
+        new_session = getattr(self.engine, "new_session", None)
+        if callable(new_session):
+            new_session()  # a remote server's cached blocks are coloured by chat
         await self.chat.clear()
         if self.gc_policy is not None:
             self.gc_policy.idle()  # the old transcript's cycles are garbage now

@@ -19,14 +19,25 @@ from tui.plotting import PlotRenderer
 from tui.telemetry import HostWarning, Telemetry
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.plot import Plot
+from tui.widgets.remote_state import RemoteStateView
 
 HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
 
 
-def step_line(sample: StepSample | None, preemptions_total: int) -> str:
+def step_line(sample: StepSample | None, preemptions_total: int, *, remote: bool = False) -> str:
     """The status line: what the latest sample says, and nothing older."""
     if sample is None:
         return "idle: no step has run yet"
+    if remote:
+        # A server shows no steps: this is its latest /metrics scrape, and token counts
+        # are what its counters grew by since the one before.
+        used = sample.total_blocks - sample.free_blocks
+        return (
+            f"scrape {sample.step:,} · running {sample.running} · waiting {sample.waiting} · "
+            f"prompt +{sample.prefill_tokens:,} · generated +{sample.decode_tokens:,} tok · "
+            f"KV {sample.kv_usage:.0%} ({used:,}/{fmt.count(sample.total_blocks, 'block')}) · "
+            f"preemptions {preemptions_total:,}"
+        )
     used = sample.total_blocks - sample.free_blocks
     blocks = f"KV {sample.kv_usage:.0%} ({used:,}/{fmt.count(sample.total_blocks, 'block')})"
     preempted = f"preemptions {preemptions_total:,}"
@@ -63,6 +74,8 @@ class EnginePanel(Vertical):
     """The loaded model; gives the empty pool's size before the first step."""
     log_latency: reactive[bool] = reactive(False)
     """The latency plot's y-axis is logarithmic."""
+    remote: reactive[bool] = reactive(False)
+    """Attached to a server: the block map gives way to what /metrics and KV events show."""
 
     def __init__(
         self,
@@ -84,6 +97,9 @@ class EnginePanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="engine-step")
         with VerticalScroll(id="engine-grid"):
+            with Vertical(id="remote-box", classes="box") as box:
+                box.border_title = "Server (/metrics, KV events)"
+                yield RemoteStateView(id="remote-state")
             with Vertical(id="blocks-box", classes="box") as box:
                 box.border_title = "KV blocks"
                 yield KvBlockMap(id="block-map")
@@ -99,6 +115,18 @@ class EnginePanel(Vertical):
 
     def on_mount(self) -> None:
         self._sync_state()
+        self.watch_remote(self.remote)
+
+    def watch_remote(self, remote: bool) -> None:
+        if not self.is_mounted:
+            return
+        # A server never sends physical block IDs: no block map is drawn for it.
+        self.query_one("#remote-box").display = remote
+        self.query_one("#blocks-box").display = not remote
+
+    @property
+    def remote_state(self) -> RemoteStateView:
+        return self.query_one(RemoteStateView)
 
     def watch_engine_state(self) -> None:
         self._sync_state()
@@ -177,7 +205,7 @@ class EnginePanel(Vertical):
         host = self._host_warning()
         if (steps_changed or changed("host", host)) and tel.latest is not None:
             # The step line has a fixed height (engine_panel.tcss): no re-layout needed.
-            line = step_line(tel.latest, tel.preemptions_total)
+            line = step_line(tel.latest, tel.preemptions_total, remote=self.remote)
             text = Text(line)
             if host is not None:
                 text.append("\n")
@@ -187,7 +215,7 @@ class EnginePanel(Vertical):
             step = self.query_one("#engine-step", Static)
             step.set_class(host is not None, "-host-busy")
             step.update(text, layout=False)
-        if steps_changed and tel.latest is not None:
+        if steps_changed and tel.latest is not None and not self.remote:
             # Every panel draws the same (latest) sample: no mixing of older state.
             self.block_map.show_sample(tel.latest)
         if changed("kv", (steps, kv_plot.content_size)):

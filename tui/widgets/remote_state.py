@@ -36,6 +36,17 @@ def _waiting(pairs: tuple[tuple[str, int], ...], total: int) -> str:
     return f"{total}" + (f" ({reasons})" if reasons else "")
 
 
+def _occupancy(sample: ScrapeSample, width: int) -> Text:
+    """How full the pool is, as a bar: the server says how many blocks, never which."""
+    label = (
+        f" {sample.kv_usage:.0%} of {sample.total_blocks:,} blocks "
+        f"× {sample.block_size} tok (which blocks: not sent by the server)"
+    )
+    bar_width = max(10, min(40, width - len(label) - 2))
+    filled = round(sample.kv_usage * bar_width)
+    return Text.assemble(("█" * filled, "bold"), ("·" * (bar_width - filled), "dim"), label)
+
+
 class RemoteStateView(Widget):
     """The attached server's engines, latencies and prefix cache, from /metrics and KV
     events; it says plainly what it cannot see."""
@@ -84,31 +95,23 @@ class RemoteStateView(Widget):
             if not caps.metrics:
                 parts.append(Text(caps.metrics_note, style("remote-state--warning")))
         sample = self.sample
+        if sample is not None and sample.total_blocks:
+            parts.append(_occupancy(sample, self.size.width or 40))
         if sample is not None and sample.rows:
             table = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
-            for name in (
-                "engine",
-                "run",
-                "wait",
-                "KV",
-                "blocks",
-                "preempt",
-                "hits",
-                "tok/s in·out",
-            ):
-                table.add_column(
-                    name, justify="right" if name != "engine" else "left", no_wrap=True
-                )
+            # Short headers: the panel is 40-70 columns wide.
+            for name in ("rank", "run", "wait", "KV", "pre", "hits", "in/s", "out/s"):
+                table.add_column(name, justify="left" if name == "rank" else "right", no_wrap=True)
             for row in sample.rows:
                 table.add_row(
                     row.engine,
                     str(row.running),
                     _waiting(row.waiting_by_reason, row.waiting),
                     f"{row.kv_usage:.0%}",
-                    f"{row.used_blocks:,}/{row.total_blocks:,}",
                     str(row.preemptions),
                     _pct(row.prefix_cache_hit_rate),
-                    f"{row.prompt_tokens_per_s:,.0f}·{row.generation_tokens_per_s:,.0f}",
+                    f"{row.prompt_tokens_per_s:,.0f}",
+                    f"{row.generation_tokens_per_s:,.0f}",
                 )
             parts.append(table)
             parts.append(
