@@ -193,7 +193,14 @@ async def generate_once(
 ) -> dict[str, Any]:
     """Run `request` and collect everything `--json` prints."""
     samples: list[StepSample] = []
-    remove = engine.add_step_listener(samples.append)
+
+    def on_step(sample: StepSample) -> None:
+        # Only real steps: the sample the engine sends once it falls idle did no work,
+        # and whether it lands before this listener goes is a race.
+        if not sample.idle:
+            samples.append(sample)
+
+    remove = engine.add_step_listener(on_step)
     text: list[str] = []
     finished: RequestFinished | None = None
     try:

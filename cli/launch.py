@@ -46,6 +46,9 @@ class GracefulStop:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.what = "the engine"
+        # While a full-screen app owns the terminal, a line on stderr would be drawn over
+        # it and vanish with it: the app's host says it with `announce()` once it is gone.
+        self.quiet = False
         self._stopping = 0
         self._previous: dict[int, Any] = {}
 
@@ -53,6 +56,7 @@ class GracefulStop:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers belong to the main thread (a test may call main())
         self.signum = None
+        self.quiet = False
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._on_signal)
@@ -77,15 +81,21 @@ class GracefulStop:
         finally:
             self._stopping -= 1
 
+    def announce(self) -> None:
+        """Say that kvscope is stopping, and how to force it."""
+        if self.signum == signal.SIGINT:
+            say(f"stopping {self.what}… (Ctrl-C again to force)")
+        elif self.signum is not None:
+            say(f"terminated; stopping {self.what}… (send it again to force)")
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum is not None:
-            say("forced exit")
+            if not self.quiet:
+                say("forced exit")
             os._exit(128 + signum)
         self.signum = signum
-        if signum == signal.SIGINT:
-            say(f"stopping {self.what}… (Ctrl-C again to force)")
-        else:
-            say(f"terminated; stopping {self.what}… (send it again to force)")
+        if not self.quiet:
+            self.announce()
         if not self._stopping:
             raise KeyboardInterrupt
 
@@ -142,19 +152,25 @@ def stop_engine(engine: Any) -> None:
         engine.shutdown()
 
 
-def int_flag(argv: Sequence[str], flag: str) -> int | None:
-    """The value of an engine flag written as a plain whole number, read without vLLM.
+def str_flag(argv: Sequence[str], flag: str) -> str | None:
+    """The value of an engine flag as written, read without vLLM (the last one wins).
 
-    A fast path only, so that refusing a prompt past --max-model-len takes no vLLM import
-    (seconds); any other spelling ("1k", an abbreviation) is checked again once vLLM has
-    parsed the flags.
+    A fast path only, so that refusing a prompt past --max-model-len or a model folder
+    that is not there takes no vLLM import (seconds); any other spelling (an
+    abbreviation) is checked again once vLLM has parsed the flags.
     """
-    names = {flag, flag.replace("-", "_").replace("__", "--", 1)}
+    names = {flag, "--" + flag[2:].replace("-", "_")}
     value = None
     for i, arg in enumerate(argv):
         name, eq, inline = arg.partition("=")
         if name in names:
             value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def int_flag(argv: Sequence[str], flag: str) -> int | None:
+    """An engine flag written as a plain whole number ("1k", vLLM's spelling, is not)."""
+    value = str_flag(argv, flag)
     try:
         return int(value) if value is not None else None
     except ValueError:
@@ -174,10 +190,14 @@ def running_engine(
     to refuse inputs that cannot work with them. Ctrl-C at any point, loading included,
     ends here with the engine thread joined.
     """
+    from engine.vllm.options import build_engine_settings, check_model_reference
+
+    model = str_flag(engine_argv, "--model")
+    if model is not None:
+        check_model_reference(model)  # a folder that is not there, said before vLLM loads
     quiet_native_warnings()
     route_logs()
     from engine.vllm.engine import VllmEngine
-    from engine.vllm.options import build_engine_settings
 
     engine = None
     try:

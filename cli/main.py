@@ -141,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         # `kvscope generate --json | head -1`: the reader left; nothing to say to it.
+        # What is still buffered for stdout goes to /dev/null, or exit's flush complains.
         with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (so exit's flush stays quiet)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:
         if os.environ.get("KVSCOPE_DEBUG"):
@@ -229,7 +230,7 @@ def _prepare_model(rest: list[str]) -> int:
 
 def _app(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
-    from cli.launch import quiet_native_warnings, route_logs, stop_engine
+    from cli.launch import STOP, quiet_native_warnings, route_logs, stop_engine
 
     quiet_native_warnings()
     from tui.app import run_tui
@@ -243,6 +244,7 @@ def _app(rest: list[str]) -> int:
         from engine.clock import RealClock
         from engine.fake import FakeEngine
 
+        STOP.quiet = True  # nothing to stop but the app, which Ctrl-C ends at once
         return run_tui(FakeEngine(clock=RealClock()), script=script, screenshot=args.screenshot)
     # Before vLLM is imported, and while the terminal is still a terminal: a log that
     # cannot go to the cache is said here, not drawn over the app.
@@ -263,9 +265,12 @@ def _app(rest: list[str]) -> int:
         )
         engine_argv, emulation = plan.engine_argv, plan.info
     engine = VllmEngine(argv=engine_argv, emulation=emulation)
+    STOP.quiet = True  # a SIGINT or SIGTERM ends the app first, then is said
     try:
         return run_tui(engine, script=script, screenshot=args.screenshot)
     finally:
+        STOP.quiet = False
+        STOP.announce()
         # The app may be gone while the engine is still loading or mid-prefill: the
         # step thread is joined before the interpreter may exit.
         stop_engine(engine)

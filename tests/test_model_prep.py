@@ -27,8 +27,11 @@ def test_incomplete_folder_is_rebuilt_atomically(
     assert path == target
     assert model_prep.verify_model_dir(path) == []
     assert stages[0].startswith("rebuilding") and stages[-1] == "ready"
-    # Nothing half-written is left beside the folder.
-    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    # Nothing half-written is left beside the folder (the lock file is empty and kept).
+    assert sorted(p.name for p in target.parent.iterdir()) == [
+        model_prep.LOCK_FILE,
+        target.name,
+    ]
 
     from transformers import AutoConfig, AutoTokenizer
 

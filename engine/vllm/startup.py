@@ -130,7 +130,7 @@ def map_start_error(
             f"{asked:,} is more than this model's limit of {limit:,} ({key} in its "
             f"config.json); use --max-model-len {limit} or less",
         )
-    block = re.search(r"No common block size for (\d+) \(([^)]*\)?)\)", text)
+    block = re.search(r"No common block size for (\d+) \((.*)\)", text)
     if block:
         return BadOption(
             "--block-size",
