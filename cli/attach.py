@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -74,3 +76,24 @@ def attach_notice(engine: RemoteEngine) -> None:
         f"{card.max_model_len:,}, KV pool {card.total_blocks:,} blocks x {card.block_size}",
         file=sys.stderr,
     )
+
+
+@contextmanager
+def remote_engine(args: argparse.Namespace, engine_argv: list[str]) -> Iterator[RemoteEngine]:
+    """Attach with progress on stderr, and always let go of the server's streams."""
+    from cli.launch import progress_bar
+    from engine.events import LoadProgress
+
+    engine = make_remote(args, engine_argv)
+    try:
+        with progress_bar("kvscope") as progress:
+            task = progress.add_task(f"attaching to {args.url}", total=1.0, stage="")
+
+            def on_progress(p: LoadProgress) -> None:
+                progress.update(task, completed=p.fraction, stage=p.stage)
+
+            engine.start(on_progress)
+        attach_notice(engine)
+        yield engine
+    finally:
+        engine.shutdown()

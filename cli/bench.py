@@ -75,6 +75,9 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "a100-80gb, ... (default: cpu without a GPU; none with one)",
     )
     p.add_argument("--no-roofline", action="store_true", help="do not compute floors")
+    from cli.attach import add_attach_args
+
+    add_attach_args(p)
     return p
 
 
@@ -319,11 +322,19 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
         f.check()
     result = SweepResult(config, complete=False)
     try:
-        with running_engine(
-            engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
-        ) as engine:
+        if args.url:
+            from cli.attach import remote_engine
+
+            engine_cm: Any = remote_engine(args, engine_argv)
+        else:
+            engine_cm = running_engine(
+                engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
+            )
+        with engine_cm as engine:
             hardware = None if args.no_roofline else args.hardware
-            if not args.no_roofline and hardware is None and not gpu_present():
+            if args.url:
+                hardware = args.hardware  # this machine's CPU says nothing about the server's
+            elif not args.no_roofline and hardware is None and not gpu_present():
                 hardware = "cpu"
             measure(engine, config, result, files, hardware=hardware)
     except KeyboardInterrupt:

@@ -56,6 +56,9 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from cli.attach import add_attach_args
+
+    add_attach_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--prompt",
@@ -250,9 +253,15 @@ def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
     check_against_limit(inputs, int_flag(engine_argv, "--max-model-len"))
     for notice in inputs.notices:
         say(notice)
-    with running_engine(
-        engine_argv, check=lambda flags: check_against_limit(inputs, flags.max_model_len)
-    ) as engine:
+    if args.url:
+        from cli.attach import remote_engine
+
+        engine_cm: Any = remote_engine(args, engine_argv)
+    else:
+        engine_cm = running_engine(
+            engine_argv, check=lambda flags: check_against_limit(inputs, flags.max_model_len)
+        )
+    with engine_cm as engine:
         card = engine.card
         check_against_limit(inputs, card.max_model_len if card else None)
         request = build_request(engine, inputs)

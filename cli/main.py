@@ -59,6 +59,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def app_parser() -> argparse.ArgumentParser:
+    from cli.attach import add_attach_args
+
     p = OneLineParser(
         prog="kvscope",
         usage=(
@@ -95,6 +97,7 @@ def app_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="emulate only this share (0-1] of that pool, when this machine cannot hold all of it",
     )
+    add_attach_args(p)
     p.add_argument("--version", action="version", version=version_line())
     return p
 
@@ -230,6 +233,7 @@ def _prepare_model(rest: list[str]) -> int:
 
 def _app(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
+    from cli.attach import make_remote
     from cli.launch import STOP, quiet_native_warnings, route_logs, stop_engine
 
     quiet_native_warnings()
@@ -246,6 +250,16 @@ def _app(rest: list[str]) -> int:
 
         STOP.quiet = True  # nothing to stop but the app, which Ctrl-C ends at once
         return run_tui(FakeEngine(clock=RealClock()), script=script, screenshot=args.screenshot)
+    if args.url:
+        # A client of a running server: no vLLM, torch or GPU needed here.
+        remote = make_remote(args, engine_argv)
+        STOP.quiet = True
+        try:
+            return run_tui(remote, script=script, screenshot=args.screenshot)
+        finally:
+            STOP.quiet = False
+            STOP.announce()
+            remote.shutdown()
     # Before vLLM is imported, and while the terminal is still a terminal: a log that
     # cannot go to the cache is said here, not drawn over the app.
     route_logs()
