@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.records import request_record
 from engine.errors import BadOption, KvscopeError, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 from engine.protocol import Engine
@@ -276,17 +277,7 @@ def summarize(
             metrics["ttft_pct_of_floor"] = 100 * metrics["ttft_floor_ms"] / metrics["mean_ttft_ms"]
         if metrics["median_itl_ms"] > 0:
             metrics["itl_pct_of_floor"] = 100 * metrics["itl_floor_ms"] / metrics["median_itl_ms"]
-    requests = tuple(
-        {
-            "prompt_tokens": r.prompt_tokens,
-            "output_tokens": r.output_tokens,
-            "ttft_s": r.ttft_s,
-            "e2e_s": r.e2e_s,
-            "itl_s": list(r.itl_s),
-            "preemptions": r.preemptions,
-        }
-        for r in done
-    )
+    requests = tuple(request_record(r) for r in done)
     return SweepPoint(prompt_len, True, None, metrics, requests)
 
 

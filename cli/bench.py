@@ -141,11 +141,48 @@ def render_summary(result: SweepResult, console: Console) -> None:
         first, last = ok[0], ok[-1]
         ttft_ratio = last.metrics["mean_ttft_ms"] / max(first.metrics["mean_ttft_ms"], 1e-9)
         itl_ratio = last.metrics["median_itl_ms"] / max(first.metrics["median_itl_ms"], 1e-9)
-        console.print(
-            f"prompt x{last.prompt_len / first.prompt_len:.0f}: TTFT x{ttft_ratio:.1f}, "
-            f"median ITL x{itl_ratio:.2f}  (prefill is compute-bound, decode memory-bound)"
-        )
+        console.print(verdict(last.prompt_len / first.prompt_len, ttft_ratio, itl_ratio))
+        busy = busy_host()
+        if busy:
+            console.print(busy)
         console.file.write(charts(result, width=min(console.width, 100)) + "\n")
+
+
+def verdict(prompt_ratio: float, ttft_ratio: float, itl_ratio: float) -> str:
+    """What the sweep's own numbers show, in one sentence: never a fixed text."""
+    head = f"prompt x{prompt_ratio:.0f}: TTFT x{ttft_ratio:.1f}, median ITL x{itl_ratio:.2f}. "
+    ttft_grew = ttft_ratio >= max(1.5, 0.5 * prompt_ratio)
+    itl_flat = itl_ratio <= 1.5
+    if ttft_grew and itl_flat:
+        return head + (
+            "TTFT grew with the prompt while ITL stayed nearly flat: prefill is "
+            "compute-bound and decode memory-bound, as in the reference article."
+        )
+    if ttft_grew:
+        return head + (
+            "TTFT grew with the prompt, but ITL grew too: decode is not flat here (long "
+            "contexts, or a busy host slowing some steps)."
+        )
+    if itl_flat:
+        return head + (
+            "TTFT grew less than the prompt: fixed costs (a network round trip, a small "
+            "model, queueing) outweigh the prefill itself at these lengths."
+        )
+    return head + "Neither finding shows clearly in these numbers; a busy host is likely."
+
+
+def busy_host() -> str:
+    """A warning when this machine was busier than its cores while measuring, else ""."""
+    import os
+
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load <= cores:
+        return ""
+    return (
+        f"Note: this host was busy while measuring (load {load:.1f} on {cores} cores): "
+        "other work shared the CPU, so the ratios are noisy. Measure again on a quiet host."
+    )
 
 
 def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
@@ -163,7 +200,8 @@ def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
         plt.theme("clear")
         plt.plot(xs, [p.metrics[key] for p in ok], marker="braille", label="measured")
         if all(floor_key in p.metrics for p in ok):
-            plt.plot(xs, [p.metrics[floor_key] for p in ok], marker="braille", label="floor")
+            # Another glyph than the measurement's: the charts are often read without colour.
+            plt.plot(xs, [p.metrics[floor_key] for p in ok], marker="x", label="floor")
         plt.title(title)
         plt.ylim(0, None)
         out.append(plt.build())

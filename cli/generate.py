@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.records import request_record
 from engine.errors import BadOption, PromptTooLong
 from engine.events import (
     ChatMessage,
@@ -29,6 +30,7 @@ from engine.events import (
     TokenEvent,
 )
 from engine.protocol import Engine
+from engine.stats import percentile
 
 DEFAULT_PROMPT = "Say hello in one sentence."
 # Far past any context window this tool can send (1M tokens are a few MB of text); a
@@ -219,15 +221,12 @@ async def generate_once(
         remove()
     assert finished is not None
     card = engine.card
+    remote = bool(getattr(engine, "remote", False))
     return {
-        "ttft_s": finished.ttft_s,
-        "itl_s": list(finished.itl_s),
-        "e2e_s": finished.e2e_s,
-        "output_tokens": finished.output_tokens,
-        "prompt_tokens": finished.prompt_tokens,
-        "finish_reason": finished.reason,
-        "preemptions": finished.preemptions,
+        **request_record(finished),
         "model": dataclasses.asdict(card) if card else None,
+        # Attached to a server there are no steps: these are its /metrics scrapes.
+        "steps_are": "scrapes" if remote else "engine steps",
         "steps": [dataclasses.asdict(s) for s in samples],
         "text": "".join(text),
     }
@@ -237,8 +236,8 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    itl = sorted(result["itl_s"])
-    median = itl[len(itl) // 2] * 1000 if itl else 0.0
+    # The same interpolated median as the reply footer and the bench.
+    median = percentile(result["itl_s"], 50) * 1000
     print(
         f"\n\nTTFT {result['ttft_s'] * 1000:.1f} ms, median ITL {median:.1f} ms, "
         f"{result['prompt_tokens']} prompt + {result['output_tokens']} output tokens",

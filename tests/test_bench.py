@@ -180,3 +180,22 @@ def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine) -> None:
     assert 0 < itl_512 < itl_4096 < 2 * itl_512  # KV reads add a little to the weights
     fake = FakeEngine()
     assert floors_for_card(fake.start(), output_len=16) is None
+
+
+@pytest.mark.parametrize(
+    ("ratios", "says"),
+    [
+        ((8, 20.4, 1.40), "prefill is compute-bound and decode memory-bound"),
+        ((8, 20.4, 3.0), "ITL grew too"),
+        ((4, 1.7, 1.08), "fixed costs"),
+        ((8, 1.1, 2.5), "Neither finding"),
+    ],
+)
+def test_the_closing_sentence_says_what_the_numbers_show(
+    ratios: tuple[float, float, float], says: str
+) -> None:
+    from cli.bench import verdict
+
+    line = verdict(*ratios)
+    assert says in line
+    assert f"TTFT x{ratios[1]:.1f}" in line

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 from remote_server import API_KEY, BLOCK_SIZE, MAX_MODEL_LEN, VllmServer
@@ -301,6 +306,74 @@ async def test_metrics_missing_chat_still_works(vllm_server: VllmServer) -> None
 
 
 # Keep this test last: it kills the session's server and starts it again.
+def test_generate_and_bench_attach_with_url(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """The headless commands on a server: the same fields as in-process, and the same
+    shape: TTFT grows with the prompt. No engine flag may ride along with --url."""
+    kvscope = str(Path(sys.executable).with_name("kvscope"))
+    env = {**os.environ, "VLLM_API_KEY": API_KEY}
+    gen = subprocess.run(
+        [
+            kvscope,
+            "generate",
+            "--url",
+            vllm_server.url,
+            "--kv-events",
+            "off",
+            "--prompt-tokens",
+            "300",
+            "--max-tokens",
+            "4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert gen.returncode == 0, gen.stderr
+    record = json.loads(gen.stdout)
+    assert record["prompt_tokens"] == 300 and record["output_tokens"] == 4
+    assert record["steps_are"] == "scrapes" and record["server"]["ttft_s"] is not None
+    out = tmp_path / "r.json"
+    bench = subprocess.run(
+        [
+            kvscope,
+            "bench",
+            "--url",
+            vllm_server.url,
+            "--kv-events",
+            "off",
+            "--prompt-lens",
+            "128,900",
+            "--runs",
+            "2",
+            "--output-len",
+            "8",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert bench.returncode == 0, bench.stderr
+    points = json.loads(out.read_text())["points"]
+    assert [p["prompt_len"] for p in points] == [128, 900] and all(p["ok"] for p in points)
+    assert points[1]["mean_ttft_ms"] > points[0]["mean_ttft_ms"]
+    assert all(r["server"] is not None for p in points for r in p["requests"])
+    refused = subprocess.run(
+        [kvscope, "generate", "--url", vllm_server.url, "--max-model-len", "512"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("kvscope: Bad value for --max-model-len")
+    assert "Traceback" not in refused.stderr
+
+
 async def test_connection_lost_then_reattach(remote: RemoteEngine, vllm_server: VllmServer) -> None:
     ids = remote.synthetic_prompt(200, seed=99)
     request = GenerationRequest(
