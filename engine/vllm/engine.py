@@ -193,6 +193,7 @@ class VllmEngine:
         self._introspector: Any = None
         self._stat_logger: Any = None
         self._idle_sent = True
+        self._closed = False
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -206,8 +207,11 @@ class VllmEngine:
             # Already running (a UI handed an engine that a test or script started).
             report(LoadProgress("ready", 1.0))
             return self._card
+        if self._closed:
+            # Shut down (the app quit) before this start got going: never build now.
+            raise EngineDied("the engine was shut down")
         if self._thread is not None:
-            self.shutdown()
+            self._stop_thread()
         ready = threading.Event()
         failure: list[BaseException] = []
         self._stop.clear()
@@ -224,12 +228,15 @@ class VllmEngine:
             ready.set()
             self._run(engine)
 
-        self._thread = threading.Thread(target=main, name="kvscope-engine", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=main, name="kvscope-engine", daemon=True)
+        self._thread = thread
+        thread.start()
         ready.wait()
         if failure:
-            self._thread.join(timeout=30)
-            self._thread = None
+            # A shutdown() meanwhile may have joined it and cleared `_thread` already.
+            thread.join(timeout=30)
+            if self._thread is thread:
+                self._thread = None
             raise failure[0]
         assert self._card is not None
         report(LoadProgress("ready", 1.0))
@@ -240,6 +247,7 @@ class VllmEngine:
         # this process, where the scheduler and block pool can be read.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         route_vllm_logs(self.log_path)
+        self._check_stop()
         report(LoadProgress("importing vLLM", 0.05))
         from vllm.engine.arg_utils import EngineArgs  # noqa: F401  (import cost shows here)
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -258,8 +266,10 @@ class VllmEngine:
         args = self.engine_args
         geometry: dict[str, int] = {}
         try:
+            self._check_stop()
             report(LoadProgress("reading model config", 0.15))
             geometry = read_geometry(str(args.model))
+            self._check_stop()
             report(LoadProgress("loading weights and sizing the KV pool", 0.3))
             self._stat_logger = None
             engine = LLMEngine.from_engine_args(args, stat_loggers=[self._make_stat_logger])
@@ -279,6 +289,10 @@ class VllmEngine:
         self._filler_ids = None
         self._card = self._make_card(engine)
         return engine
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise EngineDied("the engine was shut down while it was starting")
 
     def _make_stat_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
         from engine.vllm.stat_logger import KvscopeStatLogger
@@ -314,7 +328,13 @@ class VllmEngine:
         )
 
     def shutdown(self) -> None:
-        """Stop the step thread, fail whatever is still live, free the engine."""
+        """Stop the step thread, fail whatever is still live, free the engine; for good
+        (a start() afterwards refuses). Safe to call more than once, from any thread."""
+        self._closed = True
+        self._stop.set()  # a start-up in progress stops at its next stage
+        self._stop_thread()
+
+    def _stop_thread(self) -> None:
         thread = self._thread
         if thread is None:
             return
