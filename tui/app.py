@@ -117,9 +117,6 @@ class KvscopeApp(App[int]):
         if self.script is not None:
             self.run_worker(self.script(self), group="script", exit_on_error=False)
 
-    def on_unmount(self) -> None:
-        self.renderer.close()
-
     def _remember_theme(self, theme: Theme) -> None:
         # Only a change away from the theme on screen is the user's choice; the signal
         # for the start-up (or fallback) theme itself may arrive after subscribing.

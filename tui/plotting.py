@@ -1,12 +1,12 @@
 """Plots as data, drawn with plotext 5.3.2.
 
-plotext keeps one global figure, so every draw takes `_PLOTEXT_LOCK` and starts with
-`clf()`. A draw is pure Python and costs a few milliseconds at panel sizes, because figures
-are cut down to about two points per column first (`envelope`).
+plotext keeps one global figure, so every draw starts with `clf()`, and all draws run on
+the event loop, one after the other. A draw is pure Python and costs a few milliseconds at
+panel sizes, because figures are cut down to about two points per column first
+(`envelope`).
 
-The draws run on the event loop, not in a thread. A plot thread was tried: it holds the
-GIL for whole draws, and every time the loop thread released the GIL (a lock, a select)
-it waited up to the 5 ms switch interval to get it back, which stretched frames to over
+Why not a plot thread: it would hold the GIL for whole draws, and the loop thread would
+wait up to the 5 ms switch interval each time it released the GIL, stretching frames past
 100 ms under a fast token stream. Small draws on the loop, at most one per timer tick
 while streaming (see EnginePanel.redraw), keep the loop's lag to a few milliseconds.
 """
@@ -14,7 +14,6 @@ while streaming (see EnginePanel.redraw), keep the loop's lag to a few milliseco
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -26,9 +25,6 @@ from tui.axes import Axis
 RGB = tuple[int, int, int]
 Palette = tuple[tuple[str, RGB], ...]
 """Colour roles ("series", "axes", "p99", ...) to RGB, taken from the theme by the widget."""
-
-_PLOTEXT_LOCK = threading.Lock()
-
 
 @dataclass(frozen=True)
 class Series:
@@ -97,47 +93,46 @@ def envelope(
 
 
 def build_plot(job: PlotJob) -> str:
-    """Draw `job` with plotext and return its ANSI text (call from any thread)."""
+    """Draw `job` with plotext and return its ANSI text (on the event loop only)."""
     colours = dict(job.palette)
     axes = colours.get("axes", (128, 128, 128))
     fig = job.figure
-    with _PLOTEXT_LOCK:
-        plt.clf()
-        # Without this plotext clips every plot to the terminal it detects, which is 80x24
-        # whenever stdout is not a terminal (headless runs, tests), whatever the widget.
-        plt.limitsize(False, False)
-        plt.plotsize(max(job.width, 10), max(job.height, 4))
-        # "default" leaves the background alone, so the widget's theme background shows.
-        plt.canvas_color("default")
-        plt.axes_color("default")
-        plt.ticks_color(axes)
-        for s in fig.series:
-            if not s.xs:
-                continue
-            colour = colours.get(s.role, axes)
-            if s.kind == "scatter":
-                plt.scatter(list(s.xs), list(s.ys), color=colour, marker=s.marker or "•")
-            else:
-                plt.plot(list(s.xs), list(s.ys), color=colour, marker=s.marker or "braille")
-        for rule in fig.rules:
-            colour = colours.get(rule.role, axes)
-            if rule.vertical:
-                plt.vline(rule.at, colour)
-            else:
-                plt.hline(rule.at, colour)
-        if fig.yaxis is not None:
-            plt.ylim(fig.yaxis.lo, fig.yaxis.hi)
-            plt.yticks(list(fig.yaxis.ticks), list(fig.yaxis.labels))
-        elif fig.ylim is not None:
-            plt.ylim(*fig.ylim)
-        if fig.xaxis is not None:
-            plt.xlim(fig.xaxis.lo, fig.xaxis.hi)
-            plt.xticks(list(fig.xaxis.ticks), list(fig.xaxis.labels))
-        elif fig.xlim is not None:
-            plt.xlim(*fig.xlim)
-        if fig.xlabel:
-            plt.xlabel(fig.xlabel)
-        return str(plt.build())
+    plt.clf()
+    # Without this plotext clips every plot to the terminal it detects, which is 80x24
+    # whenever stdout is not a terminal (headless runs, tests), whatever the widget.
+    plt.limitsize(False, False)
+    plt.plotsize(max(job.width, 10), max(job.height, 4))
+    # "default" leaves the background alone, so the widget's theme background shows.
+    plt.canvas_color("default")
+    plt.axes_color("default")
+    plt.ticks_color(axes)
+    for s in fig.series:
+        if not s.xs:
+            continue
+        colour = colours.get(s.role, axes)
+        if s.kind == "scatter":
+            plt.scatter(list(s.xs), list(s.ys), color=colour, marker=s.marker or "•")
+        else:
+            plt.plot(list(s.xs), list(s.ys), color=colour, marker=s.marker or "braille")
+    for rule in fig.rules:
+        colour = colours.get(rule.role, axes)
+        if rule.vertical:
+            plt.vline(rule.at, colour)
+        else:
+            plt.hline(rule.at, colour)
+    if fig.yaxis is not None:
+        plt.ylim(fig.yaxis.lo, fig.yaxis.hi)
+        plt.yticks(list(fig.yaxis.ticks), list(fig.yaxis.labels))
+    elif fig.ylim is not None:
+        plt.ylim(*fig.ylim)
+    if fig.xaxis is not None:
+        plt.xlim(fig.xaxis.lo, fig.xaxis.hi)
+        plt.xticks(list(fig.xaxis.ticks), list(fig.xaxis.labels))
+    elif fig.xlim is not None:
+        plt.xlim(*fig.xlim)
+    if fig.xlabel:
+        plt.xlabel(fig.xlabel)
+    return str(plt.build())
 
 
 class PlotRenderer:
@@ -153,6 +148,3 @@ class PlotRenderer:
             self.draws += 1
             await asyncio.sleep(0)  # let input and tokens through between two draws
         return out
-
-    def close(self) -> None:
-        """Nothing to release (kept so that owners need not know how drawing works)."""
