@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.events import RequestFinished
+if TYPE_CHECKING:
+    from engine.events import RequestFinished
 
 
 def request_record(done: RequestFinished) -> dict[str, Any]:

@@ -14,14 +14,16 @@ import itertools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from bench.records import request_record
 from engine.errors import BadOption, KvscopeError, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
-from engine.protocol import Engine
 from engine.stats import summarize_ms
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 # Predicted floors for a prompt length: (ttft_floor_s, itl_floor_s).
 FloorFn = Callable[[int], tuple[float, float]]
@@ -81,19 +83,64 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
+class SweepMetrics:
+    """One prompt length's figures, with `vllm bench`'s field names (milliseconds)."""
+
+    completed: int = 0
+    total_output_tokens: int = 0
+    mean_ttft_ms: float = 0.0
+    median_ttft_ms: float = 0.0
+    p99_ttft_ms: float = 0.0
+    mean_tpot_ms: float = 0.0
+    median_tpot_ms: float = 0.0
+    p99_tpot_ms: float = 0.0
+    mean_itl_ms: float = 0.0
+    median_itl_ms: float = 0.0
+    p99_itl_ms: float = 0.0
+    mean_e2el_ms: float = 0.0
+    median_e2el_ms: float = 0.0
+    p99_e2el_ms: float = 0.0
+    output_throughput: float = 0.0
+    request_throughput: float = 0.0
+    duration_s: float = 0.0
+    # The roofline's floors for this length, and how close the measurement came to them;
+    # None without a hardware profile.
+    ttft_floor_ms: float | None = None
+    itl_floor_ms: float | None = None
+    ttft_pct_of_floor: float | None = None
+    itl_pct_of_floor: float | None = None
+
+    def value(self, name: str) -> float | None:
+        """A figure by its field name (tables and charts pick columns by name)."""
+        v = getattr(self, name, None)
+        return None if v is None else float(v)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepMetrics:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names and v not in ("", None)})
+
+
+@dataclass(frozen=True)
 class SweepPoint:
     prompt_len: int
     ok: bool
     error: str | None
-    metrics: dict[str, float]
+    metrics: SweepMetrics | None = None  # None when the length failed
     requests: tuple[dict[str, Any], ...] = ()
+
+    def value(self, name: str) -> float | None:
+        return self.metrics.value(name) if self.metrics is not None else None
 
     def row(self) -> dict[str, Any]:
         return {
             "prompt_len": self.prompt_len,
             "ok": self.ok,
             "error": self.error or "",
-            **self.metrics,
+            **(self.metrics.as_dict() if self.metrics is not None else {}),
         }
 
 
@@ -132,17 +179,12 @@ class SweepResult:
         )
         points = []
         for p in data["points"]:
-            metrics = {
-                k: float(v)
-                for k, v in p.items()
-                if k not in ("prompt_len", "ok", "error", "requests")
-            }
             points.append(
                 SweepPoint(
                     p["prompt_len"],
                     bool(p["ok"]),
                     p["error"] or None,
-                    metrics,
+                    SweepMetrics.from_dict(p) if p["ok"] else None,
                     tuple(p.get("requests", ())),
                 )
             )
@@ -247,6 +289,10 @@ async def _send(engine: Engine, request: GenerationRequest) -> RequestFinished:
     return finished
 
 
+def _pct(floor_ms: float | None, measured_ms: float) -> float | None:
+    return 100 * floor_ms / measured_ms if floor_ms is not None and measured_ms > 0 else None
+
+
 def summarize(
     prompt_len: int, done: list[RequestFinished], duration_s: float, floors: FloorFn | None
 ) -> SweepPoint:
@@ -257,26 +303,38 @@ def summarize(
     ]
     e2el = [r.e2e_s for r in done]
     total_out = sum(r.output_tokens for r in done)
-    metrics: dict[str, float] = {
-        "completed": float(len(done)),
-        "total_output_tokens": float(total_out),
-        **summarize_ms("ttft", ttft),
-        **summarize_ms("tpot", tpot),
-        **summarize_ms("itl", itl),
-        **summarize_ms("e2el", e2el),
-        "output_throughput": total_out / duration_s if duration_s > 0 else 0.0,
-        "request_throughput": len(done) / duration_s if duration_s > 0 else 0.0,
-        "duration_s": duration_s,
-    }
+    ttft_floor = itl_floor = None
     if floors is not None:
-        ttft_floor, itl_floor = floors(prompt_len)
-        metrics["ttft_floor_ms"] = ttft_floor * 1000
-        metrics["itl_floor_ms"] = itl_floor * 1000
+        floor_ttft_s, floor_itl_s = floors(prompt_len)
+        ttft_floor, itl_floor = floor_ttft_s * 1000, floor_itl_s * 1000
+    t, tp, i, e = (
+        summarize_ms(k, v)
+        for k, v in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el))
+    )
+    metrics = SweepMetrics(
+        completed=len(done),
+        total_output_tokens=total_out,
+        mean_ttft_ms=t["mean_ttft_ms"],
+        median_ttft_ms=t["median_ttft_ms"],
+        p99_ttft_ms=t["p99_ttft_ms"],
+        mean_tpot_ms=tp["mean_tpot_ms"],
+        median_tpot_ms=tp["median_tpot_ms"],
+        p99_tpot_ms=tp["p99_tpot_ms"],
+        mean_itl_ms=i["mean_itl_ms"],
+        median_itl_ms=i["median_itl_ms"],
+        p99_itl_ms=i["p99_itl_ms"],
+        mean_e2el_ms=e["mean_e2el_ms"],
+        median_e2el_ms=e["median_e2el_ms"],
+        p99_e2el_ms=e["p99_e2el_ms"],
+        output_throughput=total_out / duration_s if duration_s > 0 else 0.0,
+        request_throughput=len(done) / duration_s if duration_s > 0 else 0.0,
+        duration_s=duration_s,
+        ttft_floor_ms=ttft_floor,
+        itl_floor_ms=itl_floor,
         # How close the measurement comes to the floor: 100 % would be the hardware's peak.
-        if metrics["mean_ttft_ms"] > 0:
-            metrics["ttft_pct_of_floor"] = 100 * metrics["ttft_floor_ms"] / metrics["mean_ttft_ms"]
-        if metrics["median_itl_ms"] > 0:
-            metrics["itl_pct_of_floor"] = 100 * metrics["itl_floor_ms"] / metrics["median_itl_ms"]
+        ttft_pct_of_floor=_pct(ttft_floor, t["mean_ttft_ms"]),
+        itl_pct_of_floor=_pct(itl_floor, i["median_itl_ms"]),
+    )
     requests = tuple(request_record(r) for r in done)
     return SweepPoint(prompt_len, True, None, metrics, requests)
 
@@ -329,7 +387,7 @@ async def run_sweep(
                 tick()
             point = summarize(prompt_len, finished, duration, floors)
         except KvscopeError as exc:
-            point = SweepPoint(prompt_len, False, exc.plain(), {})
+            point = SweepPoint(prompt_len, False, exc.plain(), None)
             # Count the runs this length will not make, so progress stays truthful.
             done_units = config.warmup + (index + 1) * config.runs - 1
             tick()

@@ -23,15 +23,17 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.host import HostLoad
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(256 * 1024**2)]
 
@@ -91,7 +93,7 @@ def bare_round(engine: Any, prompts: list[tuple[int, ...]], case: Case) -> tuple
             for i, ids in enumerate(batch):
                 llm.add_request(
                     f"bare-{time.monotonic_ns()}-{n}-{i}",
-                    TokensPrompt(prompt_token_ids=list(ids)),
+                    TokensPrompt(prompt_token_ids=list(ids)),  # type: ignore[typeddict-item]
                     params,
                 )
             while llm.has_unfinished_requests():
@@ -264,9 +266,9 @@ def _scale(
             blocks = table[r.request_id]
             blocks.append(Block(blocks[-1].block_id + 1))
         t = time.perf_counter()
-        blocks = intro.live_blocks(external)
+        held = intro.live_blocks(external)
         listeners.emit(
-            StepSample(step, 0.0, 0.0, 0, requests, requests, 0, 0.5, 0, 100_000, 16, blocks)
+            StepSample(step, 0.0, 0.0, 0, requests, requests, 0, 0.5, 0, 100_000, 16, held)
         )
         times.append(time.perf_counter() - t)
         got.clear()

@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from typing import TYPE_CHECKING
+
 from bench.sweep import SweepConfig, run_sweep
 from engine.clock import VirtualClock
 from engine.events import (
@@ -39,9 +41,11 @@ from engine.events import (
     RequestFinished,
     SamplingSettings,
 )
-from engine.protocol import Engine
 from engine.replay import ReplayedSend, ReplayEngine
 from engine.tape import RecordingEngine, Tape, TapeRecorder, read_tape
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_ARGV = ["--max-model-len", "4352", "--kv-cache-memory-bytes", str(128 * 1024**2)]
@@ -61,9 +65,10 @@ async def sweep_session(engine: Engine) -> None:
     for point in result.points:
         if point.ok:
             m = point.metrics
+            assert m is not None
             print(
-                f"  {point.prompt_len:>5,} tokens: TTFT {m['mean_ttft_ms']:8,.0f} ms, "
-                f"median ITL {m['median_itl_ms']:5.1f} ms"
+                f"  {point.prompt_len:>5,} tokens: TTFT {m.mean_ttft_ms:8,.0f} ms, "
+                f"median ITL {m.median_itl_ms:5.1f} ms"
             )
         else:
             print(f"  {point.prompt_len:>5,} tokens: {point.error}")

@@ -44,9 +44,8 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -56,6 +55,9 @@ from engine.fake import FakeConfig, FakeEngine
 from engine.replay import ReplayedSend, ReplayEngine
 from engine.tape import RecordingEngine, TapeRecorder, read_tape
 from engine.tape.format import Decoder, Encoder, stdlib_dumps
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 TOKENS_PER_S = 2000
 COPIES = 8

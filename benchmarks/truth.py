@@ -22,9 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from typing import TYPE_CHECKING
+
 from benchmarks.host import HostLoad
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
-from engine.protocol import Engine
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]
 
@@ -43,7 +47,9 @@ async def run(engine: Engine, rid: str, n: int, max_tokens: int, seed: int) -> R
 
 def row(case: str, done: RequestFinished) -> str:
     v = done.vllm
-    assert v is not None and done.ttft_s is not None and v.ttft_s is not None
+    assert v is not None
+    assert done.ttft_s is not None
+    assert v.ttft_s is not None
     diffs = [abs(a - b) for a, b in zip(done.itl_s, v.itl_s, strict=True)] or [0.0]
     return (
         f"{case:<10} {done.request_id:<12} {done.prompt_tokens:>6} "

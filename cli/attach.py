@@ -6,13 +6,15 @@ or GPU on this machine: only `engine.remote` is imported.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator
+
+    from engine.events import LoadProgress
     from engine.remote import RemoteEngine
 
 
@@ -82,7 +84,6 @@ def attach_notice(engine: RemoteEngine) -> None:
 def remote_engine(args: argparse.Namespace, engine_argv: list[str]) -> Iterator[RemoteEngine]:
     """Attach with progress on stderr, and always let go of the server's streams."""
     from cli.launch import progress_bar
-    from engine.events import LoadProgress
 
     engine = make_remote(args, engine_argv)
     try:

@@ -25,7 +25,7 @@ EXIT_SOME_FAILED = 3
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "bench",
         help="prompt-length sweep: TTFT, ITL, TPOT, E2EL per length",
         usage="kvscope bench [options] [vLLM engine flags]",
@@ -76,8 +76,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-roofline", action="store_true", help="do not compute floors")
     from cli.attach import add_attach_args
+    from cli.replay import add_record_arg
 
     add_attach_args(p)
+    add_record_arg(p)
     return p
 
 
@@ -117,10 +119,10 @@ def render_summary(result: SweepResult, console: Console) -> None:
             reason = (p.error or "").split(":")[0]
             table.add_row(f"{p.prompt_len:,}", "[red]failed[/]", f"[red]{reason}[/]", *[""] * 8)
             continue
-        m = p.metrics
 
-        def f(key: str, fmt: str = "{:.1f}", m: dict[str, float] = m) -> str:
-            return fmt.format(m[key]) if key in m else "-"
+        def f(key: str, fmt: str = "{:.1f}", p: SweepPoint = p) -> str:
+            v = p.value(key)
+            return fmt.format(v) if v is not None else "-"
 
         table.add_row(
             f"{p.prompt_len:,}",
@@ -139,8 +141,12 @@ def render_summary(result: SweepResult, console: Console) -> None:
     ok = [p for p in result.points if p.ok]
     if len(ok) >= 2:
         first, last = ok[0], ok[-1]
-        ttft_ratio = last.metrics["mean_ttft_ms"] / max(first.metrics["mean_ttft_ms"], 1e-9)
-        itl_ratio = last.metrics["median_itl_ms"] / max(first.metrics["median_itl_ms"], 1e-9)
+        ttft_ratio = (last.value("mean_ttft_ms") or 0.0) / max(
+            first.value("mean_ttft_ms") or 0.0, 1e-9
+        )
+        itl_ratio = (last.value("median_itl_ms") or 0.0) / max(
+            first.value("median_itl_ms") or 0.0, 1e-9
+        )
         console.print(verdict(last.prompt_len / first.prompt_len, ttft_ratio, itl_ratio))
         busy = busy_host()
         if busy:
@@ -198,10 +204,10 @@ def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
         plt.clf()
         plt.plotsize(width, height)
         plt.theme("clear")
-        plt.plot(xs, [p.metrics[key] for p in ok], marker="braille", label="measured")
-        if all(floor_key in p.metrics for p in ok):
+        plt.plot(xs, [p.value(key) or 0.0 for p in ok], marker="braille", label="measured")
+        if all(p.value(floor_key) is not None for p in ok):
             # Another glyph than the measurement's: the charts are often read without colour.
-            plt.plot(xs, [p.metrics[floor_key] for p in ok], marker="x", label="floor")
+            plt.plot(xs, [p.value(floor_key) or 0.0 for p in ok], marker="x", label="floor")
         plt.title(title)
         plt.ylim(0, None)
         out.append(plt.build())
@@ -358,6 +364,9 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
     files = result_files(args)
     for f in files:
         f.check()
+    from cli.replay import open_recorder, recorded
+
+    recorder = open_recorder(args.tape) if args.tape else None  # said before any engine
     result = SweepResult(config, complete=False)
     try:
         if args.url:
@@ -368,7 +377,7 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
             engine_cm = running_engine(
                 engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
             )
-        with engine_cm as engine:
+        with engine_cm as inner, recorded(inner, recorder) as engine:
             hardware = None if args.no_roofline else args.hardware
             if args.url:
                 hardware = args.hardware  # this machine's CPU says nothing about the server's

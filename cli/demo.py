@@ -10,12 +10,13 @@ it (the picture is taken while both are still streaming).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from textual.widgets import Input
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tui.app import KvscopeApp
 
 LOAD_TIMEOUT_S = 900.0  # a real model on a CPU can take minutes to load

@@ -39,7 +39,7 @@ MAX_PROMPT_FILE_BYTES = 64 * 1024**2
 
 
 def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "generate",
         help="run one request headless and print its timings",
         usage="kvscope generate [options] [vLLM engine flags]",
@@ -83,6 +83,9 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    from cli.replay import add_record_arg
+
+    add_record_arg(p)
     return p
 
 
@@ -252,6 +255,9 @@ def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
     check_against_limit(inputs, int_flag(engine_argv, "--max-model-len"))
     for notice in inputs.notices:
         say(notice)
+    from cli.replay import open_recorder, recorded
+
+    recorder = open_recorder(args.tape) if args.tape else None  # said before any engine
     if args.url:
         from cli.attach import remote_engine
 
@@ -260,7 +266,7 @@ def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
         engine_cm = running_engine(
             engine_argv, check=lambda flags: check_against_limit(inputs, flags.max_model_len)
         )
-    with engine_cm as engine:
+    with engine_cm as inner, recorded(inner, recorder) as engine:
         card = engine.card
         check_against_limit(inputs, card.max_model_len if card else None)
         request = build_request(engine, inputs)

@@ -3,22 +3,24 @@ cleanly on Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from engine.events import EmulationInfo, LoadProgress
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterator, Sequence
+    from types import FrameType
+
+    from engine.events import EmulationInfo, LoadProgress
 
 
 def say(message: str) -> None:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-SUBCOMMANDS = ("generate", "bench", "roofline", "prepare-model", "engine-help")
+SUBCOMMANDS = ("generate", "bench", "roofline", "replay", "prepare-model", "engine-help")
 
 DESCRIPTION = """\
 kvscope: see what an LLM inference engine (vLLM) does with every token.
@@ -34,6 +34,7 @@ subcommands (each has its own --help):
   bench          prompt-length sweep like `vllm bench`: table, charts, JSON/CSV
   roofline       predicted TTFT/ITL floors and KV capacity for a model on a GPU
   prepare-model  convert the embedded default model now (otherwise done on first use)
+  replay         play a recorded session tape in the playground (no vLLM needed)
   engine-help    list every vLLM engine flag
 
 examples:
@@ -43,6 +44,8 @@ examples:
   kvscope --model Qwen/Qwen2.5-7B-Instruct --gpu-memory-utilization 0.9   (GPU box)
   kvscope generate --prompt-tokens 512 --max-tokens 32 --json
   kvscope bench --prompt-lens 512,1024,2048,4096 --runs 3
+  kvscope --resume                          go on with the last session's chat
+  kvscope replay docs/tapes/kv-pool-preemption.jsonl
 """
 
 
@@ -65,7 +68,7 @@ def app_parser() -> argparse.ArgumentParser:
         prog="kvscope",
         usage=(
             "kvscope [options] [vLLM engine flags]\n"
-            "       kvscope {generate,bench,roofline,prepare-model,engine-help} ..."
+            "       kvscope {generate,bench,roofline,replay,prepare-model,engine-help} ..."
         ),
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -98,6 +101,9 @@ def app_parser() -> argparse.ArgumentParser:
         help="emulate only this share (0-1] of that pool, when this machine cannot hold all of it",
     )
     add_attach_args(p)
+    from cli.replay import add_tape_args
+
+    add_tape_args(p)
     p.add_argument("--version", action="version", version=version_line())
     return p
 
@@ -196,6 +202,12 @@ def _subcommand(name: str, rest: list[str]) -> int:
         add_roofline_parser(sub)
         args = parser.parse_args([name, *rest])
         return run_roofline(args)
+    if name == "replay":
+        from cli.replay import add_replay_parser, run_replay
+
+        add_replay_parser(sub)
+        args = parser.parse_args([name, *rest])
+        return run_replay(args)
     if name == "prepare-model":
         return _prepare_model(rest)
     if name == "engine-help":
@@ -237,8 +249,12 @@ def _app(rest: list[str]) -> int:
     from cli.launch import STOP, quiet_native_warnings, route_logs, stop_engine
 
     quiet_native_warnings()
+    from cli.replay import resumed_tape, session_tape
     from tui.app import run_tui
 
+    resumed = resumed_tape(args)  # before this session's own tape, which would be newest
+    # A scripted demo's picture is not a session worth keeping: taped only when asked.
+    by_default = not (args.fake or args.screenshot)
     script = None
     if args.screenshot:
         from cli.demo import run_demo
@@ -249,17 +265,26 @@ def _app(rest: list[str]) -> int:
         from engine.fake import FakeEngine
 
         STOP.quiet = True  # nothing to stop but the app, which Ctrl-C ends at once
-        return run_tui(FakeEngine(clock=RealClock()), script=script, screenshot=args.screenshot)
+        tapes = session_tape(args, resumed, record_by_default=by_default)
+        try:
+            fake = tapes.wrap(FakeEngine(clock=RealClock()))
+            return run_tui(fake, script=tapes.script(script), screenshot=args.screenshot)
+        finally:
+            tapes.close()
     if args.url:
         # A client of a running server: no vLLM, torch or GPU needed here.
         remote = make_remote(args, engine_argv)
+        tapes = session_tape(args, resumed, record_by_default=by_default)
         STOP.quiet = True
         try:
-            return run_tui(remote, script=script, screenshot=args.screenshot)
+            return run_tui(
+                tapes.wrap(remote), script=tapes.script(script), screenshot=args.screenshot
+            )
         finally:
             STOP.quiet = False
             STOP.announce()
             remote.shutdown()
+            tapes.close()
     # Before vLLM is imported, and while the terminal is still a terminal: a log that
     # cannot go to the cache is said here, not drawn over the app.
     route_logs()
@@ -279,15 +304,17 @@ def _app(rest: list[str]) -> int:
         )
         engine_argv, emulation = plan.engine_argv, plan.info
     engine = VllmEngine(argv=engine_argv, emulation=emulation)
+    tapes = session_tape(args, resumed, record_by_default=by_default)
     STOP.quiet = True  # a SIGINT or SIGTERM ends the app first, then is said
     try:
-        return run_tui(engine, script=script, screenshot=args.screenshot)
+        return run_tui(tapes.wrap(engine), script=tapes.script(script), screenshot=args.screenshot)
     finally:
         STOP.quiet = False
         STOP.announce()
         # The app may be gone while the engine is still loading or mid-prefill: the
         # step thread is joined before the interpreter may exit.
         stop_engine(engine)
+        tapes.close()  # after the engine: its last steps are on the tape
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@ is shared with other subcommands that take comma lists.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, KvscopeError
 from roofline.hardware import known_gpus, known_models, load_geometry, load_profile
 from roofline.model import GIB, MIB, RooflineReport, predict
+
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_GPU = "l4"
 DEFAULT_MODEL = "qwen2.5-7b-instruct"

@@ -2,8 +2,10 @@
 
 It exists for the UI's pilot tests and snapshots and for the UI benchmark. It imports no
 vLLM, runs on an injected clock, and schedules like a tiny paged-attention engine: whole-
-prompt prefill, one token per decode step, blocks taken from a free list, and preemption of
-the newest request when a decode step finds no free block. Engine tests never use it.
+prompt prefill (or chunks of `max_num_batched_tokens`), one token per decode step, blocks
+taken from a free list, and preemption of the newest request when a decode step finds no
+free block. Its step samples say what each request did, and each finished request carries
+its TTFT anatomy, as VllmEngine's do. Engine tests never use it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.clock import Clock, VirtualClock
 from engine.errors import EngineDied, PromptTooLong
@@ -27,13 +29,18 @@ from engine.events import (
     RequestAccepted,
     RequestBlocks,
     RequestFinished,
+    RequestWork,
     StepListener,
     StepSample,
     TokenEvent,
+    TtftAnatomy,
 )
 from engine.listeners import StepListeners
 from engine.relay import relay
 from engine.sizes import kv_bytes_per_token
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 REPLY = [
     "The",
@@ -142,6 +149,73 @@ class FakeConfig:
     # Scripted stalls: output index -> extra seconds, to show the latency colouring.
     stalls: tuple[tuple[int, float], ...] = ()
     die_at_step: int | None = None
+    # vLLM's per-step token budget: with it, prompts are prefilled in chunks of at most
+    # this many tokens, after the decodes, as vLLM's chunked prefill does. None: whole
+    # prompts in one step (the fake's behaviour before it had a budget).
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass
+class _Anatomy:
+    """Books every moment from stream() to the first token into one TTFT part, as
+    VllmEngine does: queue, own prefill share, others' share, preemption."""
+
+    cursor: float  # everything before this is booked
+    scheduled: bool = False
+    preempted: bool = False
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    chunks: int = 0
+    others_s: float = 0.0
+    preempted_s: float = 0.0
+
+    def _idle(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self.preempted:
+            self.preempted_s += seconds
+        elif self.scheduled:
+            self.others_s += seconds
+        else:
+            self.queue_s += seconds
+
+    def lose_output(self, at: float) -> None:
+        """Preempted after its first token: the fake throws its output away, so the TTFT
+        is measured again to the recomputed first token; the time since that first token
+        was spent on output now lost."""
+        self.preempted_s += max(0.0, at - self.cursor)
+        self.cursor = max(self.cursor, at)
+        self.preempted = True
+
+    def step(self, started: float, ended: float, own: int, total: int, preempted: bool) -> None:
+        self._idle(started - self.cursor)
+        self.preempted = self.preempted or preempted
+        # Only what is not booked yet: a stalled first token may have moved the cursor
+        # past this step's start. Every part grows exactly as the cursor moves, so the
+        # parts add up to the TTFT.
+        duration = max(0.0, ended - max(started, self.cursor))
+        if own > 0:
+            mine = duration * own / max(total, 1)
+            if self.preempted:
+                self.preempted_s += mine  # recompute: work lost to the preemption
+            else:
+                self.prefill_s += mine
+                self.chunks += 1
+            self.others_s += duration - mine
+            self.scheduled = True
+        else:
+            self._idle(duration)
+        self.cursor = max(self.cursor, ended)
+
+    def first_token(self, at: float) -> None:
+        """A scripted stall delays the first token past its step's end: others' time."""
+        self.others_s += max(0.0, at - self.cursor)
+        self.cursor = max(self.cursor, at)
+
+    def result(self) -> TtftAnatomy:
+        return TtftAnatomy(
+            self.queue_s, self.prefill_s, self.chunks, self.others_s, self.preempted_s
+        )
 
 
 @dataclass
@@ -153,10 +227,12 @@ class _Live:
     internal_id: str
     blocks: list[int] = field(default_factory=list)
     computed: int = 0  # tokens whose KV is in `blocks`
+    prefill_left: int = 0  # prompt tokens still to prefill (chunked prefill)
     output: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     aborted: bool = False
     preemptions: int = 0
+    anatomy: _Anatomy | None = None
 
 
 class FakeEngine:
@@ -235,6 +311,7 @@ class FakeEngine:
             submitted_at=self.clock.now(),
             internal_id=f"{request.request_id}-{next(self._ids):04d}",
         )
+        live.anatomy = _Anatomy(cursor=live.submitted_at)
         self._by_id[request.request_id] = live
         self._waiting.append(live)
         self._ensure_loop()
@@ -312,6 +389,9 @@ class FakeEngine:
                 token_times=live.token_times,
                 now=self.clock.now(),
                 preemptions=live.preemptions,
+                anatomy=live.anatomy.result()
+                if live.anatomy is not None and live.token_times
+                else None,
             )
         )
 
@@ -338,16 +418,22 @@ class FakeEngine:
             return
 
         prefill = decode = 0
+        budget = c.max_num_batched_tokens if c.max_num_batched_tokens is not None else math.inf
         preempted: list[str] = []
+        # Each scheduled request's share of this step, in the order it was scheduled.
+        work: dict[str, RequestWork] = {}
         # Decode first, as vLLM does: running requests keep their place.
         for live in list(self._running):
-            if live not in self._running:
+            if live not in self._running or live.prefill_left > 0:
                 continue
             while not self._alloc(live, live.computed + 1):
                 victim = self._running[-1]
                 self._running.remove(victim)
                 self._release(victim)
                 victim.preemptions += 1
+                if victim.anatomy is not None and victim.token_times:
+                    victim.anatomy.lose_output(started)
+                work.pop(victim.request.request_id, None)
                 victim.output.clear()
                 victim.token_times.clear()
                 preempted.append(victim.request.request_id)
@@ -357,26 +443,56 @@ class FakeEngine:
             if live in self._running:
                 live.computed += 1
                 decode += 1
+                budget -= 1
+                rid = live.request.request_id
+                work[rid] = RequestWork(rid, 0, 1)
+        # Then the next chunk of prompts already being prefilled (chunked prefill only).
+        for live in self._running:
+            chunk = int(min(live.prefill_left, budget))
+            if chunk > 0:
+                live.computed += chunk
+                live.prefill_left -= chunk
+                prefill += chunk
+                budget -= chunk
+                rid = live.request.request_id
+                work[rid] = RequestWork(rid, chunk, 0)
         # Then admit waiting requests whose whole prompt fits.
         for live in list(self._waiting):
+            if budget <= 0:
+                break
             n = len(live.prompt_ids) + len(live.output)
             if not self._alloc(live, n):
                 break
             self._waiting.remove(live)
             self._running.append(live)
-            live.computed = n
-            prefill += n
+            chunk = int(min(n, budget))
+            live.computed = chunk
+            live.prefill_left = n - chunk
+            prefill += chunk
+            budget -= chunk
+            rid = live.request.request_id
+            work[rid] = RequestWork(rid, chunk, 0)
         context = sum(x.computed for x in self._running)
         duration = (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0) + (
             c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0
         )
         end = started + duration
+        preempted_set = set(preempted)
+        for live in self._waiting + self._running:
+            if live.anatomy is not None and not live.token_times:
+                rid = live.request.request_id
+                own = work[rid].prefill_tokens if rid in work else 0
+                live.anatomy.step(started, end, own, prefill + decode, rid in preempted_set)
         for live in list(self._running):
+            if live.prefill_left > 0:
+                continue  # no token before its whole prompt is in
             index = len(live.output)
             stall = dict(c.stalls).get(index, 0.0)
             t = end + stall
             prev = live.token_times[-1] if live.token_times else live.submitted_at
             token = 1000 + index
+            if not live.token_times and live.anatomy is not None:
+                live.anatomy.first_token(t)
             live.output.append(token)
             live.token_times.append(t)
             live.queue.put_nowait(
@@ -408,6 +524,8 @@ class FakeEngine:
             ),
             preemptions=len(preempted),
             preempted_ids=tuple(preempted),
+            work=tuple(work.values()),
+            waiting_ids=tuple(x.request.request_id for x in self._waiting),
         )
         self._last_duration = duration
         self._listeners.emit(sample)

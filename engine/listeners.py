@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from engine.events import StepSample
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("kvscope")
 

@@ -110,7 +110,7 @@ def _convert(src: Path, out: Path, progress: Progress) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
     # lm_head is tied to the embeddings in SmolLM2, so it may be absent from the file.
     missing = [k for k in missing if k != "lm_head.weight"]

@@ -12,11 +12,13 @@ import json
 import os
 import random
 import re
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.events import ChatMessage
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from engine.events import ChatMessage
 
 _SENTINEL = "\x00kvscope-sentinel\x00"
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from engine.events import (
-    ChatMessage,
-    EngineEvent,
-    GenerationRequest,
-    ModelCard,
-    ProgressCallback,
-    StepListener,
-)
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from engine.events import (
+        ChatMessage,
+        EngineEvent,
+        GenerationRequest,
+        ModelCard,
+        ProgressCallback,
+        StepListener,
+    )
 
 
 @runtime_checkable

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from engine.events import EngineEvent, RequestFinished
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import AsyncIterator
 
 
 async def relay(queue: asyncio.Queue[EngineEvent | BaseException]) -> AsyncIterator[EngineEvent]:

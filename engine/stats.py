@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -23,7 +26,9 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def summarize_ms(prefix: str, values_s: Sequence[float], pcts: Sequence[float] = (99,)) -> dict:
+def summarize_ms(
+    prefix: str, values_s: Sequence[float], pcts: Sequence[float] = (99,)
+) -> dict[str, float]:
     """{mean_<prefix>_ms, median_<prefix>_ms, p99_<prefix>_ms, ...} from seconds."""
     out = {
         f"mean_{prefix}_ms": mean(values_s) * 1000.0,

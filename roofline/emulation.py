@@ -9,13 +9,16 @@ counts as on that GPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.errors import BadOption
 from engine.events import EmulationInfo
 from roofline.hardware import load_geometry, load_profile, total_memory_bytes
 from roofline.model import ModelGeometry, emulated_pool_tokens
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 CPU_BLOCK_SIZE = 128
 GPU_BLOCK_SIZE = 16

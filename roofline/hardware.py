@@ -13,15 +13,17 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption
 from engine.paths import cache_dir
 from roofline.model import HardwareProfile, ModelGeometry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 CPU_KEY = "cpu"
 CALIBRATION_FILE = "calibration.json"

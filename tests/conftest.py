@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Small enough to start fast and to fill; large enough for one 4,096-token request.
 ENGINE_ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]

@@ -24,14 +24,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from bench.sweep import SweepConfig, SweepResult
 from engine import model_prep
 from engine.fake import FakeConfig, FakeEngine
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
@@ -263,11 +266,13 @@ def test_bench_writes_each_point_as_it_lands_and_survives_a_lost_folder(
     printed = capfd.readouterr()
     assert "kvscope bench" in printed.out  # the table printed anyway
     for f in (json_file, csv_file):
-        assert f.written_to is not None and f.written_to != f.path
+        assert f.written_to is not None
+        assert f.written_to != f.path
         assert f"could not write {f.path}" in printed.err
         assert f"the results are in {f.written_to}" in printed.err
     saved = SweepResult.from_json(json_file.written_to.read_text())  # type: ignore[union-attr]
-    assert saved.complete and [p.prompt_len for p in saved.points] == [32, 64, 5000, 96]
+    assert saved.complete
+    assert [p.prompt_len for p in saved.points] == [32, 64, 5000, 96]
     assert [p.ok for p in saved.points] == [True, True, False, True]
     rows = SweepResult.rows_from_csv(csv_file.written_to.read_text())  # type: ignore[union-attr]
     assert [r["prompt_len"] for r in rows] == [32, 64, 5000, 96]
@@ -419,7 +424,8 @@ def test_start_up_failures_say_why_with_numbers(
     one_line(out, 1, *numbers)
     # The whole of vLLM's text, traceback and all, is in the engine log.
     log = (cache / "engine.log").read_text()
-    assert "kvscope: the engine failed to start" in log and "Traceback" in log
+    assert "kvscope: the engine failed to start" in log
+    assert "Traceback" in log
 
 
 @pytest.mark.engine
@@ -438,7 +444,8 @@ def test_a_prompt_that_is_not_utf8_is_decoded_and_said(cache: Path) -> None:
     )
     one_line(out, 0, "--prompt is not valid UTF-8", "2 bytes replaced")
     data = json.loads(out.stdout)
-    assert data["output_tokens"] == 2 and data["prompt_tokens"] > 5
+    assert data["output_tokens"] == 2
+    assert data["prompt_tokens"] > 5
 
 
 @pytest.mark.engine
@@ -646,7 +653,8 @@ def test_start_errors_resolve_the_numbers_vllm_leaves_out(ready_model: Path) -> 
         1,
         8192,
     )
-    assert "188,743,680 bytes" in pool.plain() and "only 1 byte is" in pool.plain()
+    assert "188,743,680 bytes" in pool.plain()
+    assert "only 1 byte is" in pool.plain()
     wrapped = ValueError(
         "1 validation error for ModelConfig\n"
         "  Value error, User-specified max_model_len (10000000) is greater than the derived "
@@ -656,8 +664,10 @@ def test_start_errors_resolve_the_numbers_vllm_leaves_out(ready_model: Path) -> 
         "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"
     )
     too_long = mapped(wrapped)
-    assert isinstance(too_long, BadOption) and too_long.option == "--max-model-len"
-    assert "10,000,000" in too_long.plain() and "8,192" in too_long.plain()
+    assert isinstance(too_long, BadOption)
+    assert too_long.option == "--max-model-len"
+    assert "10,000,000" in too_long.plain()
+    assert "8,192" in too_long.plain()
     # Any other wrapped reason keeps its lines that say why, not the wrapper.
     other = mapped(ValueError("1 validation error for CacheConfig\n  Value error, bad block"))
     assert isinstance(other, EngineStartFailed)

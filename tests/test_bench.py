@@ -7,12 +7,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from bench.sweep import SweepConfig, SweepResult, run_sweep
+from bench.sweep import SweepConfig, SweepPoint, SweepResult, run_sweep
 from engine.errors import BadOption
 from engine.fake import FakeConfig, FakeEngine
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
@@ -20,10 +24,11 @@ FIELDS = [
     f"{stat}_{metric}_ms"
     for metric in ("ttft", "tpot", "itl", "e2el")
     for stat in ("mean", "median", "p99")
-] + ["output_throughput", "request_throughput", "completed", "total_output_tokens"]
+] + ["output_throughput", "request_throughput"]
+COUNTS = ["completed", "total_output_tokens"]  # whole numbers, as `vllm bench` writes them
 
 
-async def test_small_sweep_on_the_real_engine(vllm_engine) -> None:
+async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
     progress: list[tuple[int, int]] = []
     floors_asked: list[int] = []
 
@@ -43,6 +48,8 @@ async def test_small_sweep_on_the_real_engine(vllm_engine) -> None:
         assert point["ok"] is True
         for key in FIELDS:
             assert isinstance(point[key], float), key
+        for key in COUNTS:
+            assert isinstance(point[key], int), key
         assert point["total_output_tokens"] == 16
         request = point["requests"][0]
         assert request["prompt_tokens"] == point["prompt_len"]
@@ -58,7 +65,7 @@ async def test_small_sweep_on_the_real_engine(vllm_engine) -> None:
 async def test_a_length_past_the_wall_fails_alone() -> None:
     engine = FakeEngine(FakeConfig(max_model_len=1024, total_blocks=256))
     engine.start()
-    points = []
+    points: list[SweepPoint] = []
     result = await run_sweep(
         engine,
         SweepConfig(prompt_lens=(64, 5000, 256), output_len=8, runs=2, warmup=1),
@@ -68,7 +75,7 @@ async def test_a_length_past_the_wall_fails_alone() -> None:
     assert "5,000" in (result.points[1].error or "")
     assert "1,024" in (result.points[1].error or "")
     assert len(points) == 3
-    assert result.points[2].metrics["completed"] == 2
+    assert result.points[2].value("completed") == 2
 
 
 def test_json_and_csv_round_trip() -> None:
@@ -84,12 +91,13 @@ def test_json_and_csv_round_trip() -> None:
     assert [(p.prompt_len, p.ok, p.error) for p in again.points] == [
         (p.prompt_len, p.ok, p.error) for p in result.points
     ]
-    assert again.points[0].metrics == pytest.approx(result.points[0].metrics)
+    assert again.points[0].row() == pytest.approx(result.points[0].row())
     assert again.points[0].requests == result.points[0].requests
     rows = SweepResult.rows_from_csv(result.to_csv())
     assert [r["prompt_len"] for r in rows] == [32, 5000]
-    assert rows[0]["mean_ttft_ms"] == pytest.approx(result.points[0].metrics["mean_ttft_ms"])
-    assert rows[1]["ok"] is False and "Prompt too long" in rows[1]["error"]
+    assert rows[0]["mean_ttft_ms"] == pytest.approx(result.points[0].value("mean_ttft_ms"))
+    assert rows[1]["ok"] is False
+    assert "Prompt too long" in rows[1]["error"]
     assert rows[1]["mean_ttft_ms"] is None
 
 
@@ -166,17 +174,19 @@ def test_bench_cli_reports_the_failed_length_and_writes_files(tmp_path: Path) ->
     assert [p["ok"] for p in data["points"]] == [True, False, True]
     rows = SweepResult.rows_from_csv(csv_path.read_text())
     assert [r["prompt_len"] for r in rows] == [64, 3000, 128]
-    assert "TTFT" in out.stdout and "median ITL" in out.stdout
+    assert "TTFT" in out.stdout
+    assert "median ITL" in out.stdout
 
 
-def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine) -> None:
+def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine: Engine) -> None:
     from bench.sweep import floors_for_card
 
     floors = floors_for_card(vllm_engine.card, output_len=16)
     assert floors is not None
     ttft_512, itl_512 = floors(512)
     ttft_4096, itl_4096 = floors(4096)
-    assert 0 < ttft_512 < ttft_4096 and ttft_4096 > 8 * ttft_512  # attention adds to 8x
+    assert 0 < ttft_512 < ttft_4096
+    assert ttft_4096 > 8 * ttft_512
     assert 0 < itl_512 < itl_4096 < 2 * itl_512  # KV reads add a little to the weights
     fake = FakeEngine()
     assert floors_for_card(fake.start(), output_len=16) is None

@@ -19,7 +19,8 @@ def test_plan_asks_for_the_predicted_pool() -> None:
     # One extra block for vLLM's null block, at SmolLM2's 23,040 bytes per token.
     assert plan.kv_cache_memory_bytes == (plan.pool_blocks + 1) * 128 * 23040
     assert plan.engine_argv[-2:] == ["--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes)]
-    assert "57,344" in plan.info.detail and "23,040" in plan.info.detail
+    assert "57,344" in plan.info.detail
+    assert "23,040" in plan.info.detail
     assert plan.info.label == "emulating L4 / Qwen2.5-7B-Instruct"
 
 

@@ -30,7 +30,8 @@ def engine(request: pytest.FixtureRequest) -> Engine:
         fake = FakeEngine(FakeConfig(max_model_len=4096, block_size=16, total_blocks=512))
         fake.start()
         return fake
-    return request.getfixturevalue("vllm_engine")
+    engine: Engine = request.getfixturevalue("vllm_engine")
+    return engine
 
 
 _counter = 0
@@ -49,7 +50,9 @@ async def _collect(engine: Engine, request: GenerationRequest) -> list[object]:
 def test_satisfies_protocol(engine: Engine) -> None:
     assert isinstance(engine, Engine)
     card = engine.card
-    assert card is not None and card.total_blocks > 0 and card.block_size > 0
+    assert card is not None
+    assert card.total_blocks > 0
+    assert card.block_size > 0
     assert card.kv_bytes_per_token == 2 * card.num_layers * card.num_kv_heads * card.head_dim * 2
 
 
@@ -76,9 +79,11 @@ async def test_tokens_stream_with_one_itl_per_token_after_the_first(engine: Engi
     assert finished.reason == "length"
     assert finished.output_tokens == 12 == sum(len(t.token_ids) for t in tokens)
     assert len(finished.itl_s) == finished.output_tokens - 1
-    assert finished.ttft_s is not None and finished.ttft_s > 0
+    assert finished.ttft_s is not None
+    assert finished.ttft_s > 0
     steps = [t.step for t in tokens]
-    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    assert steps == sorted(steps)
+    assert len(set(steps)) == len(steps)
     assert all(t.latency_s >= 0 for t in tokens)
     assert [t.index for t in tokens] == list(range(len(tokens)))
 
@@ -92,7 +97,8 @@ async def test_chat_messages_go_through_the_template(engine: Engine) -> None:
         GenerationRequest(_rid("chat"), messages=messages, sampling=SamplingSettings(max_tokens=8)),
     )
     accepted = events[0]
-    assert isinstance(accepted, RequestAccepted) and accepted.prompt_tokens == len(ids)
+    assert isinstance(accepted, RequestAccepted)
+    assert accepted.prompt_tokens == len(ids)
     assert isinstance(events[-1], RequestFinished)
 
 
@@ -118,7 +124,8 @@ async def test_too_long_prompt_is_typed_and_the_engine_goes_on(engine: Engine) -
             sampling=SamplingSettings(max_tokens=4, ignore_eos=True),
         ),
     )
-    assert isinstance(after[-1], RequestFinished) and after[-1].output_tokens == 4
+    assert isinstance(after[-1], RequestFinished)
+    assert after[-1].output_tokens == 4
 
 
 async def test_abort_frees_the_requests_blocks(engine: Engine) -> None:
@@ -141,10 +148,12 @@ async def test_abort_frees_the_requests_blocks(engine: Engine) -> None:
             if isinstance(event, TokenEvent) and event.index >= 3:
                 engine.abort(rid)
         finished = got[-1]
-        assert isinstance(finished, RequestFinished) and finished.reason == "abort"
+        assert isinstance(finished, RequestFinished)
+        assert finished.reason == "abort"
         assert finished.output_tokens < 500
         held = [b for s in samples for b in s.blocks if b.request_id == rid]
-        assert held and len(held[-1].block_ids) == 3
+        assert held
+        assert len(held[-1].block_ids) == 3
         # A tiny request after the abort sees the whole pool free except its own block.
         samples.clear()
         await _collect(

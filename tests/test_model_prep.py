@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
+from typing import TYPE_CHECKING
 
 from engine import model_prep
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
 
 
 def test_incomplete_folder_is_rebuilt_atomically(
@@ -20,13 +23,15 @@ def test_incomplete_folder_is_rebuilt_atomically(
     target.mkdir(parents=True)
     (target / model_prep.MARKER).write_text(json.dumps({"format": model_prep.FORMAT_VERSION}))
     problems = model_prep.verify_model_dir(target)
-    assert problems and any("load" in p or "missing" in p for p in problems)
+    assert problems
+    assert any("load" in p or "missing" in p for p in problems)
 
     stages: list[str] = []
     path = model_prep.prepare_embedded_model(lambda stage, _f: stages.append(stage))
     assert path == target
     assert model_prep.verify_model_dir(path) == []
-    assert stages[0].startswith("rebuilding") and stages[-1] == "ready"
+    assert stages[0].startswith("rebuilding")
+    assert stages[-1] == "ready"
     # Nothing half-written is left beside the folder (the lock file is empty and kept).
     assert sorted(p.name for p in target.parent.iterdir()) == [
         model_prep.LOCK_FILE,

@@ -17,8 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from remote_server import API_KEY, BLOCK_SIZE, MAX_MODEL_LEN, VllmServer
@@ -36,6 +36,9 @@ from engine.events import (
     TokenEvent,
 )
 from engine.remote import RemoteEngine
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterator
 
 pytestmark = pytest.mark.engine
 
@@ -88,22 +91,29 @@ async def test_chat_streams_with_server_timings(remote: RemoteEngine) -> None:
     card = remote.card
     assert card is not None
     assert (card.max_model_len, card.block_size) == (MAX_MODEL_LEN, BLOCK_SIZE)
-    assert card.total_blocks > 0 and "num_layers" in card.unknown and card.num_layers == 0
+    assert card.total_blocks > 0
+    assert "num_layers" in card.unknown
+    assert card.num_layers == 0
 
     before = time.perf_counter()
     events = await collect(remote.stream(chat("c1", "Say hello in five words.")))
     accepted, tokens, fin = events[0], events[1:-1], finished(events)
-    assert isinstance(accepted, RequestAccepted) and accepted.submitted_at >= before
+    assert isinstance(accepted, RequestAccepted)
+    assert accepted.submitted_at >= before
     template = remote.chat_prompt_ids((ChatMessage("user", "Say hello in five words."),))
     assert accepted.prompt_tokens == len(template)
-    assert tokens and all(isinstance(t, TokenEvent) for t in tokens)
+    assert tokens
+    assert all(isinstance(t, TokenEvent) for t in tokens)
     assert "".join(t.text for t in tokens if isinstance(t, TokenEvent)).strip()
     n = sum(len(t.token_ids) for t in tokens if isinstance(t, TokenEvent))
-    assert fin.output_tokens == n and fin.reason in ("stop", "length")
+    assert fin.output_tokens == n
+    assert fin.reason in ("stop", "length")
     assert fin.prompt_tokens == accepted.prompt_tokens
-    assert fin.ttft_s is not None and 0 < fin.ttft_s <= fin.e2e_s
+    assert fin.ttft_s is not None
+    assert 0 < fin.ttft_s <= fin.e2e_s
     assert len(fin.itl_s) == n - 1
-    assert fin.server is not None and fin.server.ttft_s is not None
+    assert fin.server is not None
+    assert fin.server.ttft_s is not None
     assert fin.server.ttft_s <= fin.ttft_s  # the server's clock starts later, at scheduling
     assert remote.session_of("c1") == remote.session_id
     assert remote.capabilities.server_timings is True
@@ -122,10 +132,12 @@ async def test_synthetic_prompt_is_exact_and_ttft_grows(remote: RemoteEngine) ->
             )
             events = await collect(remote.stream(request))
             fin = finished(events)
-            assert isinstance(events[0], RequestAccepted) and events[0].prompt_tokens == n
+            assert isinstance(events[0], RequestAccepted)
+            assert events[0].prompt_tokens == n
             assert fin.prompt_tokens == n  # the server's usage block
             assert fin.output_tokens == 4
-            assert fin.ttft_s is not None and fin.server is not None
+            assert fin.ttft_s is not None
+            assert fin.server is not None
             assert fin.server.ttft_s is not None
             best = min(best, fin.ttft_s)
             best_server = min(best_server, fin.server.ttft_s)
@@ -164,9 +176,11 @@ async def test_scraped_kv_usage_rises_then_falls(remote: RemoteEngine) -> None:
     assert sum(s.prompt_tokens for s in during) == 900
     assert sum(s.generation_tokens for s in during) == 48
     assert any(s.generation_tokens_per_s > 0 for s in during)
-    assert during[-1].ttft.count >= 1 and during[-1].itl.count >= 47
+    assert during[-1].ttft.count >= 1
+    assert during[-1].itl.count >= 47
     row = during[-1].rows[0]
-    assert row.engine == "0" and row.total_blocks == during[-1].total_blocks
+    assert row.engine == "0"
+    assert row.total_blocks == during[-1].total_blocks
     # The same scrapes reach step listeners as StepSamples.
     assert min(s.free_blocks for s in steps) <= steps[0].total_blocks - (blocks_needed - 2)
 
@@ -185,12 +199,14 @@ async def test_kv_events_land_under_the_chat_session(remote: RemoteEngine) -> No
     blocks = [b for b in view.blocks if b.session_id == first]
     assert all(b.num_tokens == BLOCK_SIZE for b in blocks)
     assert all(isinstance(b.block_hash, int) for b in blocks)  # hashes, never block IDs
-    assert view.receiving and remote.capabilities.kv_events
+    assert view.receiving
+    assert remote.capabilities.kv_events
 
     # The same chat in a new session: a prefix-cache hit, reported under the new session.
     second = remote.new_session("chat-kv-two")
     again = finished(await collect(remote.stream(chat("kv2", LONG_CHAT, 8))))
-    assert again.server is not None and (again.server.cached_prompt_tokens or 0) >= BLOCK_SIZE
+    assert again.server is not None
+    assert (again.server.cached_prompt_tokens or 0) >= BLOCK_SIZE
 
     def shared() -> int:
         return sum(1 for b in remote.prefix_cache().blocks if b.touched_by[:2] == (first, second))
@@ -213,7 +229,8 @@ async def test_prompt_too_long_then_next_request_works(remote: RemoteEngine) -> 
     with pytest.raises(PromptTooLong) as info:
         await collect(remote.stream(chat("long-chat", text)))
     assert (info.value.prompt_tokens, info.value.max_model_len) == (exact, MAX_MODEL_LEN)
-    assert f"{exact:,} tokens" in info.value.plain() and "1,024" in info.value.plain()
+    assert f"{exact:,} tokens" in info.value.plain()
+    assert "1,024" in info.value.plain()
 
     fin = finished(await collect(remote.stream(chat("after-long", "Hi!", 4))))
     assert fin.output_tokens > 0
@@ -247,7 +264,8 @@ async def test_abort_and_walking_away_free_the_server(remote: RemoteEngine) -> N
         if sum(isinstance(e, TokenEvent) for e in events) == 3:
             remote.abort("abort-me")
     fin = finished(events)
-    assert fin.reason == "abort" and 3 <= fin.output_tokens < 500
+    assert fin.reason == "abort"
+    assert 3 <= fin.output_tokens < 500
 
     def idle() -> bool:
         last = remote.last_scrape
@@ -272,12 +290,15 @@ def test_wrong_or_missing_api_key(vllm_server: VllmServer, monkeypatch: pytest.M
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(AuthRequired) as info:
         RemoteEngine(vllm_server.url, api_key="not-the-key", kv_events=None).start()
-    assert info.value.key_sent and info.value.status == 401
-    assert "wants an API key" in info.value.plain() and vllm_server.url in info.value.plain()
+    assert info.value.key_sent
+    assert info.value.status == 401
+    assert "wants an API key" in info.value.plain()
+    assert vllm_server.url in info.value.plain()
 
     with pytest.raises(AuthRequired) as info:
         RemoteEngine(vllm_server.url, kv_events=None).start()
-    assert not info.value.key_sent and "wants an API key" in info.value.plain()
+    assert not info.value.key_sent
+    assert "wants an API key" in info.value.plain()
 
     monkeypatch.setenv("VLLM_API_KEY", API_KEY)  # the key from the environment works
     engine = RemoteEngine(vllm_server.url + "/v1", kv_events=None)
@@ -294,9 +315,12 @@ async def test_metrics_missing_chat_still_works(vllm_server: VllmServer) -> None
     card = engine.start()
     try:
         caps = engine.capabilities
-        assert caps.reachable and not caps.metrics
-        assert "/no-metrics-here" in caps.metrics_note and "chat still works" in caps.metrics_note
-        assert "total_blocks" in card.unknown and card.max_model_len == MAX_MODEL_LEN
+        assert caps.reachable
+        assert not caps.metrics
+        assert "/no-metrics-here" in caps.metrics_note
+        assert "chat still works" in caps.metrics_note
+        assert "total_blocks" in card.unknown
+        assert card.max_model_len == MAX_MODEL_LEN
         assert "KV events are off" in caps.kv_events_note
         fin = finished(await collect(engine.stream(chat("no-metrics", "Hello there!", 4))))
         assert fin.output_tokens > 0
@@ -332,8 +356,10 @@ def test_generate_and_bench_attach_with_url(vllm_server: VllmServer, tmp_path: P
     )
     assert gen.returncode == 0, gen.stderr
     record = json.loads(gen.stdout)
-    assert record["prompt_tokens"] == 300 and record["output_tokens"] == 4
-    assert record["steps_are"] == "scrapes" and record["server"]["ttft_s"] is not None
+    assert record["prompt_tokens"] == 300
+    assert record["output_tokens"] == 4
+    assert record["steps_are"] == "scrapes"
+    assert record["server"]["ttft_s"] is not None
     out = tmp_path / "r.json"
     bench = subprocess.run(
         [
@@ -359,7 +385,8 @@ def test_generate_and_bench_attach_with_url(vllm_server: VllmServer, tmp_path: P
     )
     assert bench.returncode == 0, bench.stderr
     points = json.loads(out.read_text())["points"]
-    assert [p["prompt_len"] for p in points] == [128, 900] and all(p["ok"] for p in points)
+    assert [p["prompt_len"] for p in points] == [128, 900]
+    assert all(p["ok"] for p in points)
     assert points[1]["mean_ttft_ms"] > points[0]["mean_ttft_ms"]
     assert all(r["server"] is not None for p in points for r in p["requests"])
     refused = subprocess.run(
@@ -380,14 +407,16 @@ async def test_connection_lost_then_reattach(remote: RemoteEngine, vllm_server: 
         "cut", prompt_token_ids=ids, sampling=SamplingSettings(600, ignore_eos=True)
     )
     tokens: list[TokenEvent] = []
-    with pytest.raises(ConnectionLost) as info:
+    # The error comes mid-stream, after tokens: the whole loop belongs in the block.
+    with pytest.raises(ConnectionLost) as info:  # noqa: PT012
         async for event in remote.stream(request):
             if isinstance(event, TokenEvent):
                 tokens.append(event)
                 if len(tokens) == 5:
                     await asyncio.to_thread(vllm_server.kill_hard)
     received = sum(len(t.token_ids) for t in tokens)
-    assert received >= 5 and info.value.tokens_received == received
+    assert received >= 5
+    assert info.value.tokens_received == received
     assert f"lost after {received:,} tokens" in info.value.plain()
     assert wait_for(lambda: not remote.capabilities.reachable, 5)
     assert "re-attaches" in remote.capabilities.metrics_note

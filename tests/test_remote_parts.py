@@ -91,7 +91,8 @@ def test_unreachable_server_names_the_url() -> None:
     engine = RemoteEngine(url, kv_events=None)
     with pytest.raises(ServerUnreachable) as info:
         engine.start()
-    assert info.value.url == url and url in info.value.plain()
+    assert info.value.url == url
+    assert url in info.value.plain()
     assert "connection refused" in info.value.plain()
     with pytest.raises(ServerUnreachable):  # Ctrl+R: start() again simply tries again
         engine.start()
@@ -114,14 +115,18 @@ def test_server_length_refusals_are_read() -> None:
         "This model's maximum context length is 1024 tokens. However, your prompt contains "
         "at least 1025 input tokens, which exceeds this limit even without any output tokens."
     )
-    assert chat is not None and chat.prompt_tokens is None and chat.lower_bound == 1025
+    assert chat is not None
+    assert chat.prompt_tokens is None
+    assert chat.lower_bound == 1025
     ids = parse_too_long(
         "This model's maximum context length is 1024 tokens. However, your prompt contains "
         "1100 input tokens, which exceeds this limit even without any output tokens."
     )
-    assert ids is not None and (ids.prompt_tokens, ids.max_model_len) == (1100, 1024)
+    assert ids is not None
+    assert (ids.prompt_tokens, ids.max_model_len) == (1100, 1024)
     full = parse_too_long("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
-    assert full is not None and full.max_model_len is None
+    assert full is not None
+    assert full.max_model_len is None
     assert parse_too_long("The model `nope` does not exist.") is None
 
 
@@ -136,7 +141,8 @@ def test_recorded_kv_events_rebuild_the_index() -> None:
     # chat-a: a ~260-token chat = 8 full blocks of 32; synthetic-b: 900 prompt tokens
     # plus decode fill 30 blocks; chat-c re-used chat-a's 8 blocks (prefix-cache hits).
     assert by_session == {"chat-a": 8, "synthetic-b": 30}
-    assert view.stored_total == 38 and view.reused_total == 8
+    assert view.stored_total == 38
+    assert view.reused_total == 8
     reused = [b for b in view.blocks if b.touched_by == ("chat-a", "chat-c")]
     assert len(reused) == 8
     assert all(b.num_tokens == 32 and isinstance(b.block_hash, int) for b in view.blocks)
@@ -152,30 +158,42 @@ def test_recorded_metrics_make_scrape_samples() -> None:
     info = cache_info(busy)
     assert info is not None
     assert (info.block_size, info.num_gpu_blocks, info.total_blocks) == (32, 91, 90)
-    assert info.prefix_caching is True and info.engines == ("0",)
+    assert info.prefix_caching is True
+    assert info.engines == ("0",)
 
     state = ScrapeState()
     first = state.update(idle, 100.0, info)
-    assert first.running == 0 and first.kv_usage == 0.0 and first.ttft.count == 0
+    assert first.running == 0
+    assert first.kv_usage == 0.0
+    assert first.ttft.count == 0
     during = state.update(busy, 100.2, info)
-    assert during.running == 1 and 0.3 < during.kv_usage < 0.35
-    assert during.used_blocks == 29 and during.total_blocks == 90 and during.block_size == 32
-    assert during.prompt_tokens > 900 and during.prompt_tokens_per_s > 0
+    assert during.running == 1
+    assert 0.3 < during.kv_usage < 0.35
+    assert during.used_blocks == 29
+    assert during.total_blocks == 90
+    assert during.block_size == 32
+    assert during.prompt_tokens > 900
+    assert during.prompt_tokens_per_s > 0
     assert [r.engine for r in during.rows] == ["0"]
     step = step_sample(during)
     assert (step.free_blocks, step.total_blocks, step.running) == (61, 90, 1)
     assert step.blocks == ()  # no physical block IDs, ever
 
     end = state.update(after, 100.4, info)
-    assert end.running == 0 and end.kv_usage == 0.0
+    assert end.running == 0
+    assert end.kv_usage == 0.0
     assert end.ttft.count == 3  # chat-a, synthetic-b and chat-c, since "attach"
-    assert end.itl.count > 60 and end.itl.mean is not None
+    assert end.itl.count > 60
+    assert end.itl.mean is not None
     median = end.ttft.quantile(0.5)
-    assert median is not None and 0 < median < 10
-    assert end.prefix_cache_hit_rate is not None and end.prefix_cache_hit_rate > 0
+    assert median is not None
+    assert 0 < median < 10
+    assert end.prefix_cache_hit_rate is not None
+    assert end.prefix_cache_hit_rate > 0
     # A server that restarted: counters go back, deltas start again from the restart.
     again = state.update(idle, 100.6, info)
-    assert again.server_restarted and again.ttft.count == 0
+    assert again.server_restarted
+    assert again.ttft.count == 0
 
 
 def chat_chunks(pieces: list[bytes], start: float = 10.0) -> list[Any]:
@@ -200,9 +218,12 @@ def test_recorded_chat_stream_becomes_events() -> None:
     fin = events[-1]
     assert isinstance(fin, RequestFinished)
     assert fin.output_tokens == sum(len(t.token_ids) for t in tokens) == 24
-    assert fin.reason == "length" and fin.prompt_tokens == events[0].prompt_tokens
-    assert fin.server is not None and fin.server.ttft_s is not None
-    assert fin.server.mean_itl_s is not None and fin.server.cached_prompt_tokens == 0
+    assert fin.reason == "length"
+    assert fin.prompt_tokens == events[0].prompt_tokens
+    assert fin.server is not None
+    assert fin.server.ttft_s is not None
+    assert fin.server.mean_itl_s is not None
+    assert fin.server.cached_prompt_tokens == 0
     assert [t.index for t in tokens] == list(range(24))
 
 
@@ -213,22 +234,24 @@ def test_tokens_arriving_together_share_one_time() -> None:
     assert len({t.time_s for t in tokens}) == 1  # never spread out
     assert all(t.latency_s == 0 for t in tokens[1:])
     fin = events[-1]
-    assert isinstance(fin, RequestFinished) and set(fin.itl_s) == {0.0}
+    assert isinstance(fin, RequestFinished)
+    assert set(fin.itl_s) == {0.0}
 
 
 def test_event_sources_and_the_flag_to_turn_them_on() -> None:
     wildcard = {"0": {"enable_kv_cache_events": True, "publisher": "zmq",
                       "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}}  # fmt: skip
     sources, note = plan_sources(wildcard, "gpu-box")
-    assert note == "" and sources == [
-        EventSource(0, "tcp://gpu-box:5557", False, "tcp://gpu-box:5558")
-    ]
+    assert note == ""
+    assert sources == [EventSource(0, "tcp://gpu-box:5557", False, "tcp://gpu-box:5558")]
     concrete = {"0": {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:25557"}}
     assert plan_sources(concrete, "127.0.0.1")[0] == [
         EventSource(0, "tcp://127.0.0.1:25557", True, None)
     ]
     none, note = plan_sources({}, "gpu-box")
-    assert none == [] and KV_EVENTS_FLAGS in note and "--enable-prefix-caching" in note
+    assert none == []
+    assert KV_EVENTS_FLAGS in note
+    assert "--enable-prefix-caching" in note
     off = {"0": {"enable_kv_cache_events": False, "publisher": "null"}}
     assert plan_sources(off, "gpu-box")[1] == note
     inproc = {"0": {"enable_kv_cache_events": True, "endpoint": "inproc://cache"}}
@@ -276,7 +299,9 @@ def test_gap_in_sequence_numbers_is_replayed() -> None:
         deadline = time.monotonic() + 5
         while index.batches < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert index.batches == 4 and sub.missed == 0 and sub.replayed >= 2
+        assert index.batches == 4
+        assert sub.missed == 0
+        assert sub.replayed >= 2
         assert index.view(replayed=0, missed=0, receiving=True, note="").by_session() == {
             "chat-a": 8,
             "synthetic-b": 30,
@@ -300,12 +325,15 @@ def test_one_row_per_engine_label() -> None:
             lines.append(line.replace('engine="0"', 'engine="1"'))
     parsed = parse_metrics("\n".join(lines) + "\n")
     info = cache_info(parsed)
-    assert info is not None and info.engines == ("0", "1")
+    assert info is not None
+    assert info.engines == ("0", "1")
     # num_gpu_blocks is the sum over ranks: each has half, less its null block.
-    assert info.blocks_per_engine == 91 // 2 - 1 and info.total_blocks == 2 * (91 // 2 - 1)
+    assert info.blocks_per_engine == 91 // 2 - 1
+    assert info.total_blocks == 2 * (91 // 2 - 1)
     sample = ScrapeState().update(parsed, 1.0, info)
     assert [r.engine for r in sample.rows] == ["0", "1"]
-    assert sample.running == 2 and all(r.running == 1 for r in sample.rows)
+    assert sample.running == 2
+    assert all(r.running == 1 for r in sample.rows)
     assert sample.used_blocks == sum(r.used_blocks for r in sample.rows)
 
 
@@ -313,4 +341,6 @@ def test_remote_engine_keeps_to_the_engine_protocol() -> None:
     from engine.protocol import Engine
 
     engine = RemoteEngine("http://127.0.0.1:1", kv_events=None)
-    assert isinstance(engine, Engine) and engine.remote and engine.card is None
+    assert isinstance(engine, Engine)
+    assert engine.remote
+    assert engine.card is None

@@ -138,10 +138,12 @@ async def test_replay_gives_back_the_live_session_of_the_real_engine(
         engine.close_tape()  # the shared engine goes on for the other tests
 
     tape = read_tape(path)
-    assert tape.warnings == () and tape.end is not None
+    assert tape.warnings == ()
+    assert tape.end is not None
     assert [r.request_id for r in tape.requests] == ["tape-chat", "tape-synth", "tape-abort"]
     finished = live["tape-abort"][-1]
-    assert isinstance(finished, RequestFinished) and finished.reason == "abort"
+    assert isinstance(finished, RequestFinished)
+    assert finished.reason == "abort"
 
     player = await play(tape)
     offset = player.replay.offset
@@ -153,7 +155,8 @@ async def test_replay_gives_back_the_live_session_of_the_real_engine(
     for rid, events in live.items():
         assert player.events[rid] == [shifted(e, offset) for e in events], rid
     tokens = [e for e in player.events["tape-synth"] if isinstance(e, TokenEvent)]
-    assert len(tokens) == 10 and tokens[0].time_s > 0
+    assert len(tokens) == 10
+    assert tokens[0].time_s > 0
     assert [s.message.text for s in player.sends if s.message] == [
         "Name one colour.",
         "What is a KV cache?",
@@ -222,14 +225,18 @@ async def test_pause_step_seek_rewind_and_the_end(fake_tape: Path) -> None:
     runner = asyncio.ensure_future(replay.run(hold_at_end=True))
     for _ in range(20):
         await asyncio.sleep(0)
-    assert replay.position == 0 and player.steps == [] and not runner.done()
+    assert replay.position == 0
+    assert player.steps == []
+    assert not runner.done()
 
     assert replay.step_once() == 1
     assert [s.step for s in player.steps] == [tape.steps[0].step]
-    assert player.sends and player.sends[0].message is not None
+    assert player.sends
+    assert player.sends[0].message is not None
     assert replay.seek(10) == 10
     assert [s.step for s in player.steps] == [s.step for s in tape.steps[:10]]
-    assert positions[-1].position == 10 and positions[-1].paused
+    assert positions[-1].position == 10
+    assert positions[-1].paused
     await asyncio.sleep(0)
     first = player.tasks[0]
     assert not first.done()  # its reply is still streaming at step 10
@@ -239,20 +246,24 @@ async def test_pause_step_seek_rewind_and_the_end(fake_tape: Path) -> None:
     assert rewinds == [5]
     for _ in range(5):
         await asyncio.sleep(0)
-    assert first.done() and isinstance(player.errors.get("r1"), ReplayRewound)
+    assert first.done()
+    assert isinstance(player.errors.get("r1"), ReplayRewound)
     assert [s.step for s in player.steps[10:]] == [s.step for s in tape.steps[:5]]
     for _ in range(20):
         await asyncio.sleep(0)
     assert replay.position == 5  # still paused
 
     replay.resume()
-    while not replay.ended:
+    while not replay.ended:  # noqa: ASYNC110  (the replay's own state, polled per loop turn)
         await asyncio.sleep(0)
     assert replay.position == replay.length == len(tape.steps)
-    assert positions[-1].ended and positions[-1].position == replay.length
+    assert positions[-1].ended
+    assert positions[-1].position == replay.length
     assert not runner.done()  # held at the end: a seek back plays on
     replay.seek(0)
-    assert replay.position == 0 and not replay.ended and rewinds == [5, 0]
+    assert replay.position == 0
+    assert not replay.ended
+    assert rewinds == [5, 0]
     replay.shutdown()
     await asyncio.wait_for(runner, 5)
     await player.finish()
@@ -261,7 +272,8 @@ async def test_pause_step_seek_rewind_and_the_end(fake_tape: Path) -> None:
 async def test_what_each_request_did_replays_as_it_was(fake_tape: Path) -> None:
     tape = read_tape(fake_tape)
     player = await play(tape, start=1000.0)
-    assert player.replay.ended and player.replay.position == len(tape.steps)
+    assert player.replay.ended
+    assert player.replay.position == len(tape.steps)
     offset = player.replay.offset
     assert offset == 1000.0 - tape.entries[0].at  # the tape starts at the clock's now()
     assert player.steps == [
@@ -275,11 +287,14 @@ async def test_what_each_request_did_replays_as_it_was(fake_tape: Path) -> None:
     # An abort, a refusal with its own type and words, and a stream the live consumer
     # walked away from, which a replay's consumer sees end as aborted.
     aborted = player.events["r3"][-1]
-    assert isinstance(aborted, RequestFinished) and aborted.reason == "abort"
+    assert isinstance(aborted, RequestFinished)
+    assert aborted.reason == "abort"
     refused = player.errors["r4"]
-    assert isinstance(refused, PromptTooLong) and refused.prompt_tokens == 600
+    assert isinstance(refused, PromptTooLong)
+    assert refused.prompt_tokens == 600
     walked = player.events["r5"][-1]
-    assert isinstance(walked, RequestFinished) and walked.reason == "abort"
+    assert isinstance(walked, RequestFinished)
+    assert walked.reason == "abort"
     recorded = {r.request_id: r for r in tape.requests}["r5"]
     assert walked.output_tokens == len(recorded.tokens) > 0
 
@@ -287,7 +302,7 @@ async def test_what_each_request_did_replays_as_it_was(fake_tape: Path) -> None:
 async def test_a_reply_the_tape_cuts_off_ends_marked_interrupted(
     fake_tape: Path, tmp_path: Path
 ) -> None:
-    data = fake_tape.read_bytes()
+    data = fake_tape.read_bytes()  # noqa: ASYNC240  (a small file, in a test)
     # Cut the tape just before the 40th token of a copy, as a kill -9 would.
     at = 0
     for _ in range(40):
@@ -295,18 +310,21 @@ async def test_a_reply_the_tape_cuts_off_ends_marked_interrupted(
     path = tmp_path / "cut.jsonl"
     path.write_bytes(data[: at + 1])
     tape = read_tape(path)
-    assert tape.end is None and tape.warnings == ()
+    assert tape.end is None
+    assert tape.warnings == ()
     open_ids = [r.request_id for r in tape.requests if r.status == "interrupted"]
     assert open_ids == ["r2", "r2.2", "r2.3"]
     player = await asyncio.wait_for(play(tape), 10)
     for rid in open_ids:
         error = player.errors[rid]
         assert isinstance(error, RecordingCutOff)
-        assert "Interrupted" in error.plain() and "\n" not in error.plain()
+        assert "Interrupted" in error.plain()
+        assert "\n" not in error.plain()
     # The copy that was still decoding shows its partial reply, and the count in words.
     tokens = [e for e in player.events["r2.2"] if isinstance(e, TokenEvent)]
     cut = player.errors["r2.2"]
-    assert isinstance(cut, RecordingCutOff) and cut.tokens == len(tokens) == 39
+    assert isinstance(cut, RecordingCutOff)
+    assert cut.tokens == len(tokens) == 39
     assert "r1" not in player.errors  # a reply that finished before the cut is whole
 
 
@@ -372,7 +390,8 @@ async def test_a_long_idle_gap_can_be_shortened(tmp_path: Path) -> None:
     assert time.perf_counter() - began < 2.0
     second = player.events["g1"][0]
     first = player.events["g0"][0]
-    assert isinstance(first, RequestAccepted) and isinstance(second, RequestAccepted)
+    assert isinstance(first, RequestAccepted)
+    assert isinstance(second, RequestAccepted)
     assert second.submitted_at - first.submitted_at > 60  # the events keep the real gap
 
 
@@ -384,7 +403,8 @@ async def test_a_replay_takes_no_new_requests(fake_tape: Path) -> None:
     with pytest.raises(ReplayOnly) as info:
         async for _ in replay.stream(request):
             pass
-    assert "\n" not in info.value.plain() and "--resume" in info.value.plain()
+    assert "\n" not in info.value.plain()
+    assert "--resume" in info.value.plain()
     with pytest.raises(ReplayOnly):
         replay.synthetic_prompt(100)
     with pytest.raises(ReplayOnly):
@@ -406,8 +426,11 @@ def test_position_snapshot_reads_as_a_bar(fake_tape: Path) -> None:
     replay.start()
     replay.seek(len(tape.steps) // 2)
     snap = replay.snapshot()
-    assert snap.position == len(tape.steps) // 2 and snap.length == len(tape.steps)
-    assert 0 < snap.time_s < snap.duration_s and snap.paused and not snap.ended
+    assert snap.position == len(tape.steps) // 2
+    assert snap.length == len(tape.steps)
+    assert 0 < snap.time_s < snap.duration_s
+    assert snap.paused
+    assert not snap.ended
     assert snap.step == tape.steps[snap.position - 1].step
     json.dumps(dataclasses.asdict(snap))  # plain values, for a --json position
 
@@ -421,16 +444,21 @@ async def test_the_shipped_tapes_read_and_replay_whole() -> None:
     sweep = read_tape(SHIPPED / "sweep-512-4096.jsonl")
     pool = read_tape(SHIPPED / "kv-pool-preemption.jsonl")
     for tape in (sweep, pool):
-        assert tape.warnings == () and tape.end is not None and tape.end.reason == "closed"
+        assert tape.warnings == ()
+        assert tape.end is not None
+        assert tape.end.reason == "closed"
         assert tape.size_bytes < 2 * 1024**2
-        assert tape.card is not None and tape.card.device == "cpu"
+        assert tape.card is not None
+        assert tape.card.device == "cpu"
         assert tape.card.path == tape.card.name  # no folder of the recording machine
         assert all(r.status == "finished" for r in tape.requests)
         player = await play(tape)
-        assert player.replay.ended and len(player.steps) == len(tape.steps)
+        assert player.replay.ended
+        assert len(player.steps) == len(tape.steps)
     measured = [r.prompt_tokens for r in sweep.requests][1:]  # after the warm-up
     assert measured == [512, 1024, 2048, 4096]
     assert sum(s.preemptions for s in pool.steps) > 0
     assert max(s.kv_usage for s in pool.steps) == 1.0
     fill = pool.turns()[1]
-    assert fill.message is not None and len(fill.requests) == 8
+    assert fill.message is not None
+    assert len(fill.requests) == 8

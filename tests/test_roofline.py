@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -38,6 +38,9 @@ from roofline.model import (
     ttft_bound,
     ttft_floor_s,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 L4_BYTES = 23_034 * 1024**2  # nvidia-smi's memory.total for an L4
 
@@ -230,7 +233,9 @@ def test_load_profile_unknown_lists_keys() -> None:
         load_profile("tpu-v5")
     message = info.value.plain()
     assert "tpu-v5" in message
-    assert "l4" in message and "h100-sxm" in message and "cpu" in message
+    assert "l4" in message
+    assert "h100-sxm" in message
+    assert "cpu" in message
 
 
 # --------------------------------------------------------------------------- floors
@@ -291,7 +296,7 @@ def test_ttft_grows_faster_than_itl(qwen: ModelGeometry, l4: HardwareProfile) ->
 def test_percent_of_floor() -> None:
     assert percent_of_floor(0.100, 0.051) == pytest.approx(51.0)
     assert percent_of_floor(0.051, 0.051) == pytest.approx(100.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="positive"):
         percent_of_floor(0.0, 0.05)
 
 

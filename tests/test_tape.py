@@ -142,27 +142,35 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Session:
 
 def test_every_step_and_event_reads_back_exactly(recorded: Session) -> None:
     tape = read_tape(recorded.path)
-    assert tape.warnings == () and tape.end is not None and tape.end.reason == "closed"
+    assert tape.warnings == ()
+    assert tape.end is not None
+    assert tape.end.reason == "closed"
     assert list(tape.steps) == recorded.steps
     assert sum(s.preemptions for s in tape.steps) >= 1, "the session should preempt"
     assert any(s.idle for s in tape.steps)  # a field added after the format: still taped
     by_id = {r.request_id: r for r in tape.requests}
     for rid, events in recorded.events.items():
         assert list(by_id[rid].events) == events, rid
-    assert tape.card is not None and tape.card.total_blocks == SMALL_POOL.total_blocks
+    assert tape.card is not None
+    assert tape.card.total_blocks == SMALL_POOL.total_blocks
 
 
 def test_how_each_request_ended_is_kept(recorded: Session) -> None:
     tape = read_tape(recorded.path)
     by_id = {r.request_id: r for r in tape.requests}
-    assert by_id["r1"].status == "finished" and by_id["r1"].request.messages[0].content
+    assert by_id["r1"].status == "finished"
+    assert by_id["r1"].request.messages[0].content
     finished = by_id["r3"].finished
-    assert finished is not None and finished.reason == "abort"
+    assert finished is not None
+    assert finished.reason == "abort"
     failure = by_id["r4"].failure
-    assert failure is not None and isinstance(failure.error, PromptTooLong)
+    assert failure is not None
+    assert isinstance(failure.error, PromptTooLong)
     assert failure.error.plain() == recorded.errors["r4"].plain()
-    assert by_id["r5"].status == "abandoned" and by_id["r5"].text
-    assert by_id["r2"].prompt_tokens == 300 and by_id["r2"].prompt_ids_len == 300
+    assert by_id["r5"].status == "abandoned"
+    assert by_id["r5"].text
+    assert by_id["r2"].prompt_tokens == 300
+    assert by_id["r2"].prompt_ids_len == 300
 
 
 def test_turns_group_copies_and_a_new_chat_starts_over(recorded: Session) -> None:
@@ -177,13 +185,16 @@ def test_turns_group_copies_and_a_new_chat_starts_over(recorded: Session) -> Non
         "Hello again",
     ]
     fill = turns[1]
-    assert fill.message is not None and fill.message.synthetic_tokens == 300
+    assert fill.message is not None
+    assert fill.message.synthetic_tokens == 300
     assert [r.request_id for r in fill.requests] == ["r2", "r2.2", "r2.3"]
     last = tape.last_chat()
-    assert len(last) == 1 and last[0].requests[0].request_id == "r6"
+    assert len(last) == 1
+    assert last[0].requests[0].request_id == "r6"
     history = tape.chat_history()
     assert [m.role for m in history] == ["user", "assistant"]
-    assert history[0].content == "Hello again" and history[1].content == last[0].requests[0].text
+    assert history[0].content == "Hello again"
+    assert history[1].content == last[0].requests[0].text
 
 
 def test_block_ids_are_written_only_when_they_change(recorded: Session) -> None:
@@ -218,7 +229,8 @@ def test_extra_fields_and_timings_round_trip() -> None:
     # itl_s that is not the token gaps is written out, not dropped.
     odd = dataclasses.replace(finished, request_id="b", itl_s=(0.125,))
     rec = json.loads(dumps(encoder.encode("event", odd, 12.0)))
-    assert rec[7] == [0.125] and decoder.decode(rec)[0] == odd
+    assert rec[7] == [0.125]
+    assert decoder.decode(rec)[0] == odd
 
 
 # -- crashes and caps --------------------------------------------------------------------------
@@ -274,16 +286,19 @@ def test_kill_9_mid_reply_loses_at_most_the_last_step(tmp_path: Path) -> None:
     assert len(numbers) >= seen - 1, (len(numbers), seen)
     assert tape.end is None  # no end line: the recording was cut off
     (request,) = tape.requests
-    assert request.status == "interrupted" and request.message is not None
+    assert request.status == "interrupted"
+    assert request.message is not None
     tokens = request.tokens
-    assert tokens and [t.index for t in tokens] == list(range(len(tokens)))
+    assert tokens
+    assert [t.index for t in tokens] == list(range(len(tokens)))
     assert tokens[-1].step >= numbers[-1] - 1
     # What --resume puts back: the question, and the partial reply, marked interrupted.
     (turn,) = tape.last_chat()
     assert turn.requests[0].status == "interrupted"
     user, partial = tape.chat_history()
     assert user == ChatMessage("user", "Tell me everything.")
-    assert partial.role == "assistant" and partial.content == request.text != ""
+    assert partial.role == "assistant"
+    assert partial.content == request.text != ""
 
 
 def test_size_cap_ends_recording_with_a_notice(tmp_path: Path) -> None:
@@ -309,10 +324,14 @@ def test_size_cap_ends_recording_with_a_notice(tmp_path: Path) -> None:
     assert finished.output_tokens == 400  # the session went on
     engine.shutdown()
     assert path.stat().st_size <= cap
-    assert len(notices) == 1 and "size cap" in notices[0] and "8.0 KiB" not in notices[0]
-    assert recorder.notice == notices[0] and "\n" not in notices[0]
+    assert len(notices) == 1
+    assert "size cap" in notices[0]
+    assert "8.0 KiB" not in notices[0]
+    assert recorder.notice == notices[0]
+    assert "\n" not in notices[0]
     tape = read_tape(path)
-    assert tape.end is not None and tape.end.reason == "cap"
+    assert tape.end is not None
+    assert tape.end.reason == "cap"
     assert tape.warnings == ()
     assert 0 < len(tape.steps) < 400
 
@@ -322,7 +341,8 @@ def test_unwritable_path_is_a_typed_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(TapeUnwritable) as info:
         TapeRecorder(blocker / "tape.jsonl")
-    assert str(blocker) in info.value.plain() and "\n" not in info.value.plain()
+    assert str(blocker) in info.value.plain()
+    assert "\n" not in info.value.plain()
 
 
 def test_default_path_is_under_the_tape_folder(
@@ -331,7 +351,8 @@ def test_default_path_is_under_the_tape_folder(
     monkeypatch.setenv("KVSCOPE_TAPE_DIR", str(tmp_path / "tapes"))
     assert latest_tape() is None
     first = default_tape_path(0.0)
-    assert first.parent == tmp_path / "tapes" and first.suffix == ".jsonl"
+    assert first.parent == tmp_path / "tapes"
+    assert first.suffix == ".jsonl"
     recorder = TapeRecorder()
     recorder.close()
     assert recorder.path.parent == tmp_path / "tapes"
@@ -354,7 +375,9 @@ def test_default_folder_is_platformdirs_user_data(monkeypatch: pytest.MonkeyPatc
 
 def _one_line(error: KvscopeError, path: Path) -> str:
     words = error.plain()
-    assert "\n" not in words and str(path) in words and "Traceback" not in words
+    assert "\n" not in words
+    assert str(path) in words
+    assert "Traceback" not in words
     return words
 
 
@@ -368,9 +391,11 @@ def test_torn_last_line_is_skipped_with_a_warning(recorded: Session, tmp_path: P
     (warning,) = tape.warnings
     assert isinstance(warning, TornLastLine)
     words = _one_line(warning, path)
-    assert "skipped" in words and f"{len(tape.steps):,} steps" in words
+    assert "skipped" in words
+    assert f"{len(tape.steps):,} steps" in words
     whole = read_tape(recorded.path)
-    assert tape.steps == whole.steps[: len(tape.steps)] and tape.end is None
+    assert tape.steps == whole.steps[: len(tape.steps)]
+    assert tape.end is None
 
 
 def test_empty_file(tmp_path: Path) -> None:
@@ -390,7 +415,9 @@ def test_newer_format_version(recorded: Session, tmp_path: Path) -> None:
     with pytest.raises(TapeTooNew) as info:
         read_tape(path)
     words = _one_line(info.value, path)
-    assert "99" in words and "up to 1" in words and "upgrade" in words
+    assert "99" in words
+    assert "up to 1" in words
+    assert "upgrade" in words
 
 
 @pytest.mark.parametrize(
@@ -411,7 +438,8 @@ def test_a_file_that_is_not_a_tape(tmp_path: Path, name: str, content: bytes, sa
     with pytest.raises(NotATape) as info:
         read_tape(path)
     words = _one_line(info.value, path)
-    assert "not a kvscope tape" in words and says in words
+    assert "not a kvscope tape" in words
+    assert says in words
 
 
 def test_a_folder_and_a_missing_file(tmp_path: Path) -> None:

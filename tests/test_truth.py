@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from typing import TYPE_CHECKING
 
 import pytest
 from subprocess_report import run_and_report
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
-from engine.protocol import Engine
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 ITL_TOLERANCE_S = 0.5e-3
 # A second, short-lived engine whose step budget chunks a 2,048-token prompt into four.
@@ -46,7 +49,8 @@ def _check(done: RequestFinished) -> float:
     """The request's median |ΔITL| against vLLM's; asserts the TTFT rule on the way."""
     theirs = done.vllm
     assert theirs is not None, "vLLM's own figures are missing"
-    assert done.ttft_s is not None and theirs.ttft_s is not None
+    assert done.ttft_s is not None
+    assert theirs.ttft_s is not None
     # vLLM's clock starts when the step thread hands it the request; ours starts earlier.
     assert done.ttft_s >= theirs.ttft_s - ITL_TOLERANCE_S, (done.ttft_s, theirs.ttft_s)
     assert len(theirs.itl_s) == len(done.itl_s) == done.output_tokens - 1
@@ -76,7 +80,9 @@ async def test_a_request_sent_during_a_long_prefill_counts_its_wait(vllm_engine:
     short = await _run(vllm_engine, "truth-short", 64, 8, seed=321)
     long = await long_task
     assert long.ttft_s is not None and long.ttft_s > 0.3, "the long prefill was too short"
-    assert short.vllm is not None and short.ttft_s is not None
+    assert short.vllm is not None
+    assert short.ttft_s is not None
+    assert short.vllm.ttft_s is not None
     assert short.vllm.kvscope_queue_s > 0.01, short.vllm
     assert short.ttft_s >= short.vllm.ttft_s
     # Ours includes the wait; vLLM's starts after it.
@@ -96,8 +102,11 @@ async def test_the_last_request_ending_leaves_an_idle_sample(vllm_engine: Engine
     finally:
         remove()
     last = samples[-1]
-    assert last.idle and last.running == 0 and last.waiting == 0
-    assert last.free_blocks == last.total_blocks and not last.blocks
+    assert last.idle
+    assert last.running == 0
+    assert last.waiting == 0
+    assert last.free_blocks == last.total_blocks
+    assert not last.blocks
 
 
 @pytest.mark.engine
@@ -156,6 +165,7 @@ async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine)
     # The long request shared its prefill steps with the decoder: some of its TTFT is the
     # decoder's, and the parts still add up to the whole.
     parts = long.anatomy
-    assert parts is not None and long.ttft_s is not None
+    assert parts is not None
+    assert long.ttft_s is not None
     assert parts.others_s > 0
     assert parts.total_s == pytest.approx(long.ttft_s, abs=1e-6)

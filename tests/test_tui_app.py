@@ -25,6 +25,7 @@ from engine.fake import REPLY, FakeConfig, FakeEngine
 from tui.screens.help import HelpScreen
 from tui.settings import AppSettings
 from tui.widgets.kv_block_map import USED
+from tui.widgets.plot import Plot
 from tui.widgets.prompt_length_slider import KV_POOL_CONSEQUENCE, MAX_MODEL_LEN_CONSEQUENCE
 from tui.widgets.token_latency_view import TokenLatencyView, latency_level
 
@@ -54,8 +55,12 @@ async def test_reply_streams_token_by_token_then_shows_its_footer() -> None:
         await reply_done(pilot)
         assert reply.text == " ".join(REPLY)
         footer = main.chat.transcript_text()
-        assert "TTFT" in footer and "ITL p50" in footer and "p99" in footer
-        assert "tok/s" in footer and f"output {len(REPLY)} tok" in footer and "done" in footer
+        assert "TTFT" in footer
+        assert "ITL p50" in footer
+        assert "p99" in footer
+        assert "tok/s" in footer
+        assert f"output {len(REPLY)} tok" in footer
+        assert "done" in footer
         # The TTFT scatter and the ITL plot have their data.
         assert len(app.telemetry.points) == 1
         assert len(app.telemetry.itl_ms) == len(REPLY) - 1
@@ -89,21 +94,25 @@ async def test_slider_past_max_model_len_shows_the_engines_error_then_chat_still
         assert slider.value > 2048
         assert slider.has_class("-past-wall")
         ruler = str(slider.render())
-        assert MAX_MODEL_LEN_CONSEQUENCE in ruler and KV_POOL_CONSEQUENCE in ruler
+        assert MAX_MODEL_LEN_CONSEQUENCE in ruler
+        assert KV_POOL_CONSEQUENCE in ruler
         assert main.controls.synthetic  # using the slider turns the synthetic prompt on
 
         main.controls.query_one("#send-synthetic").focus()
         await pilot.press("enter")
         await reply_done(pilot)
         error = str(main.controls.query_one("#slider-error").render())
-        assert "Prompt too long" in error and f"{slider.value:,} tokens" in error
+        assert "Prompt too long" in error
+        assert f"{slider.value:,} tokens" in error
         assert "max_model_len) is 2,048" in error
-        assert main.engine_state == "ready" and not main.busy
+        assert main.engine_state == "ready"
+        assert not main.busy
 
         main.controls.query_one("#synthetic-switch", Switch).value = False
         await send_chat(pilot, "a normal message")
         await reply_done(pilot)
-        assert main.current is not None and main.current.text == " ".join(REPLY)
+        assert main.current is not None
+        assert main.current.text == " ".join(REPLY)
 
 
 async def test_escape_stops_a_reply_and_its_blocks_come_back() -> None:
@@ -123,12 +132,15 @@ async def test_escape_stops_a_reply_and_its_blocks_come_back() -> None:
         clock.release()
         await reply_done(pilot)
         reply = main.current
-        assert reply is not None and reply.primary.finished is not None
+        assert reply is not None
+        assert reply.primary.finished is not None
         assert reply.primary.finished.reason == "abort"
         assert 8 <= reply.primary.finished.output_tokens < 1000
         assert "stopped by you" in main.chat.transcript_text()
         latest = app.telemetry.latest
-        assert latest is not None and latest.blocks == () and latest.free_blocks == 64
+        assert latest is not None
+        assert latest.blocks == ()
+        assert latest.free_blocks == 64
         assert main.engine_panel.block_map.free_blocks == 64
         # A stopped reply is still part of the conversation (it is what the user saw).
         assert len(main.conversation.messages) == 2
@@ -152,7 +164,8 @@ async def test_block_map_shows_the_blocks_the_engine_reports() -> None:
         )
         await settle(pilot)
         sample = app.telemetry.latest
-        assert sample is not None and {b.request_id for b in sample.blocks} == {"r1", "r1.2"}
+        assert sample is not None
+        assert {b.request_id for b in sample.blocks} == {"r1", "r1.2"}
         block_map = main.engine_panel.block_map
         text = block_map.as_text()
         width = block_map.content_size.width
@@ -168,7 +181,8 @@ async def test_block_map_shows_the_blocks_the_engine_reports() -> None:
                 offset = (block_id // width) * (width + 1) + block_id % width
                 assert text.plain[offset] == USED
                 spans = [s for s in text.spans if s.start <= offset < s.end]
-                assert spans and spans[-1].style == style
+                assert spans
+                assert spans[-1].style == style
         assert block_map.colour_index("r1") != block_map.colour_index("r1.2")
         for block_id in set(range(sample.total_blocks)) - held:
             assert block_map.owner_of(block_id) is None
@@ -189,10 +203,13 @@ async def test_the_app_survives_engine_death_and_keeps_the_transcript() -> None:
         await reply_done(pilot)
         assert main.engine_state == "dead"
         text = main.chat.transcript_text()
-        assert "first" in text and "second" in text and " ".join(REPLY) in text
+        assert "first" in text
+        assert "second" in text
+        assert " ".join(REPLY) in text
         assert "The engine stopped: scripted failure" in text
         status = str(main.chat.status.query_one("#engine-status-text").render())
-        assert "transcript is kept" in status and "ctrl+r" in status
+        assert "transcript is kept" in status
+        assert "ctrl+r" in status
         assert "Traceback" not in text + status
         # Sending now explains instead of failing.
         await send_chat(pilot, "third")
@@ -203,7 +220,8 @@ async def test_the_app_survives_engine_death_and_keeps_the_transcript() -> None:
         assert main.engine_state == "ready"
         await send_chat(pilot, "after restart")
         await reply_done(pilot)
-        assert main.current is not None and main.current.text == " ".join(REPLY)
+        assert main.current is not None
+        assert main.current.text == " ".join(REPLY)
         assert "first" in main.chat.transcript_text()
 
 
@@ -236,10 +254,12 @@ async def test_start_failure_is_shown_in_words_and_can_be_retried() -> None:
         assert main.chat.input.value == "hello?"
         await pilot.press("ctrl+r")
         await engine_ready(pilot)
-        assert main.engine_state == "ready" and engine.attempts == 2
+        assert main.engine_state == "ready"
+        assert engine.attempts == 2
         await pilot.press("enter")
         await reply_done(pilot)
-        assert main.current is not None and main.current.text == " ".join(REPLY)
+        assert main.current is not None
+        assert main.current.text == " ".join(REPLY)
 
 
 class SlowThreadedEngine(FakeEngine):
@@ -283,7 +303,8 @@ async def test_the_app_is_usable_while_a_slow_engine_loads_and_takes_samples_fro
         await pilot.press("enter")
         await reply_done(pilot)
         assert app.telemetry.steps_version >= len(REPLY)  # samples arrived from threads
-        assert main.current is not None and main.current.text == " ".join(REPLY)
+        assert main.current is not None
+        assert main.current.text == " ".join(REPLY)
 
 
 async def test_latency_colours_mark_the_stalled_token() -> None:
@@ -309,7 +330,9 @@ async def test_latency_colours_mark_the_stalled_token() -> None:
         stall_style = view.get_component_rich_style("token-latency-view--stall")
         rendered = [seg for y in range(view.region.height) for seg in view.render_line(y)]
         stalled = [seg for seg in rendered if seg.text.strip() == REPLY[10]]
-        assert stalled and stall_style.color == stalled[0].style.color  # type: ignore[union-attr]
+        assert stalled
+        assert stalled[0].style is not None
+        assert stall_style.color == stalled[0].style.color
         await pilot.press("ctrl+l")
         await settle(pilot)
         assert not main.chat.has_class("-latency")
@@ -342,7 +365,7 @@ async def test_theme_switch_changes_the_colours() -> None:
         assert app.screen.styles.background != before_bg
         assert block_map.get_component_rich_style("kv-block-map--req-0").color != before_req
         # The plots were redrawn in the new colours too.
-        plot = app.main_screen.engine_panel.query_one("#kv-plot")
+        plot = app.main_screen.engine_panel.query_one("#kv-plot", Plot)
         assert dict(plot.palette())["series"] != (0, 0, 0)
 
 
@@ -406,17 +429,20 @@ async def test_narrow_layout_switches_panels_with_tabs() -> None:
         await engine_ready(pilot)
         main = app.main_screen
         assert main.has_class("-narrow")
-        assert main.chat.region.width > 0 and main.engine_panel.region.width == 0
+        assert main.chat.region.width > 0
+        assert main.engine_panel.region.width == 0
         await pilot.press("f3")
         await settle(pilot)
-        assert main.engine_panel.region.width == 80 and main.chat.region.width == 0
+        assert main.engine_panel.region.width == 80
+        assert main.chat.region.width == 0
         await pilot.press("f4")
         await settle(pilot)
         assert main.controls.region.width == 80
         assert app.focused is main.controls.slider
         await pilot.press("f2")
         await settle(pilot)
-        assert main.chat.region.width == 80 and app.focused is main.chat.input
+        assert main.chat.region.width == 80
+        assert app.focused is main.chat.input
 
 
 async def test_sending_while_a_reply_streams_is_refused_politely() -> None:
@@ -429,7 +455,8 @@ async def test_sending_while_a_reply_streams_is_refused_politely() -> None:
         await wait_until(pilot, lambda: main.busy and clock.holding)
         await send_chat(pilot, "two")
         await pilot.pause()
-        assert main.chat.input.value == "two" and len(main.chat.replies()) == 1
+        assert main.chat.input.value == "two"
+        assert len(main.chat.replies()) == 1
         clock.release()
         await reply_done(pilot)
 
@@ -448,7 +475,8 @@ async def test_concurrent_copies_each_stream_and_finish() -> None:
         assert all(c.finished is not None and c.finished.reason == "stop" for c in reply.copies)
         assert len(app.telemetry.points) == 3
         text = main.chat.transcript_text()
-        assert "r1.2 · TTFT" in text and "r1.3 · TTFT" in text
+        assert "r1.2 · TTFT" in text
+        assert "r1.3 · TTFT" in text
 
 
 async def test_preemption_is_counted_when_copies_overfill_the_pool() -> None:
@@ -495,4 +523,5 @@ async def test_demo_mode_saves_a_screenshot(tmp_path) -> None:  # type: ignore[n
     svg = (tmp_path / "demo.svg").read_text()
     # The chat turn is r1, the series' one length that fits this fake is r2, and the two
     # copies streaming in the picture are r3 and r3.2.
-    assert "<svg" in svg and "r3.2" in svg
+    assert "<svg" in svg
+    assert "r3.2" in svg

@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from textual import events
@@ -38,8 +38,12 @@ from tui.telemetry import HostWatch, LatencyPoint, Telemetry
 from tui.widgets.controls_panel import concurrency_cap
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.field_line import SEPARATOR, pack
+from tui.widgets.plot import Plot
 from tui.widgets.prompt_length_slider import MAX_MODEL_LEN_CONSEQUENCE
 from tui.widgets.reply_block import footer_fields
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["tui_config_dir"]
 
@@ -104,7 +108,8 @@ async def test_enter_on_an_empty_box_sends_the_synthetic_prompt_and_the_placehol
         # Turned off, the box is a chat box again and the placeholder says nothing more.
         main.controls.synthetic = False
         await pilot.pause()
-        assert main.chat.synthetic_tokens is None and main.chat.input.placeholder == "Message"
+        assert main.chat.synthetic_tokens is None
+        assert main.chat.input.placeholder == "Message"
 
 
 # -- 3. one sample for every panel ------------------------------------------------------------
@@ -126,8 +131,11 @@ async def test_after_esc_every_panel_shows_the_idle_pool() -> None:
         await reply_done(pilot)
         status = main.engine_panel.status_text()
         latest = app.telemetry.latest
-        assert latest is not None and latest.idle
-        assert "idle" in status and "running 0 · waiting 0" in status and "KV 0%" in status
+        assert latest is not None
+        assert latest.idle
+        assert "idle" in status
+        assert "running 0 · waiting 0" in status
+        assert "KV 0%" in status
         assert main.engine_panel.block_map.free_blocks == 64
         assert "now 0%" in str(main.engine_panel.query_one("#kv-box").border_title)
         assert app.telemetry.kv_pct[-1] == 0.0  # the KV line comes down with the title
@@ -195,7 +203,8 @@ async def test_typing_max_tokens_moves_the_k_wall() -> None:
         controls.query_one("#max-tokens", Input).value = "200"
         await pilot.pause()
         k = {w.kind: w for w in controls.slider.walls()}["kv_pool"]
-        assert controls.slider.max_tokens == 200 and k.tokens == 1024 - 200
+        assert controls.slider.max_tokens == 200
+        assert k.tokens == 1024 - 200
 
 
 # -- 5. latency vs prompt tokens --------------------------------------------------------------
@@ -206,21 +215,25 @@ async def test_the_series_draws_ttft_rising_and_itl_flat_and_f9_clears_it() -> N
         await send_series(pilot)
         await settle(pilot)
         figure, summary = latency_figure(app.telemetry, 60, 12)
-        assert figure is not None and summary.requests == 4
+        assert figure is not None
+        assert summary.requests == 4
         by_mark = {s.marker: s for s in figure.series}
         ttft, itl = by_mark[TTFT_MARK], by_mark[ITL_MARK]
         assert ttft.xs == itl.xs == (512.0, 1024.0, 2048.0, 4096.0)
-        assert list(ttft.ys) == sorted(ttft.ys) and ttft.ys[-1] > 4 * ttft.ys[0]  # rises
+        assert list(ttft.ys) == sorted(ttft.ys)
+        assert ttft.ys[-1] > 4 * ttft.ys[0]
         assert max(itl.ys) < 1.5 * min(itl.ys)  # flat
         box = app.main_screen.engine_panel.query_one("#ttft-box")
-        assert "TTFT" in str(box.border_subtitle) and "median ITL" in str(box.border_subtitle)
+        assert "TTFT" in str(box.border_subtitle)
+        assert "median ITL" in str(box.border_subtitle)
         await pilot.press("ctrl+y")
         await settle(pilot)
         assert "log y" in str(box.border_title)
         await pilot.press("f9")
         await settle(pilot)
-        assert not app.telemetry.points and not app.telemetry.kv_t
-        assert not app.main_screen.engine_panel.query_one("#ttft-plot").has_drawing
+        assert not app.telemetry.points
+        assert not app.telemetry.kv_t
+        assert not app.main_screen.engine_panel.query_one("#ttft-plot", Plot).has_drawing
 
 
 def test_a_queued_copy_gets_its_own_mark_and_its_queue_split_off() -> None:
@@ -234,29 +247,35 @@ def test_a_queued_copy_gets_its_own_mark_and_its_queue_split_off() -> None:
         ]
     )
     figure, summary = latency_figure(tel, 60, 12)
-    assert figure is not None and figure.yaxis is not None
+    assert figure is not None
+    assert figure.yaxis is not None
     queued = next(s for s in figure.series if s.marker == QUEUED_MARK)
     assert queued.ys == (1200.0,)
     assert figure.yaxis.hi < 2000  # the scale is the served requests', not the queue's
-    assert summary.queued == 1 and summary.queue_removed == 1
+    assert summary.queued == 1
+    assert summary.queue_removed == 1
 
 
 # -- 6. axes ----------------------------------------------------------------------------------
 def test_ticks_are_round_and_land_on_rows() -> None:
     step, ticks = axes.nice_ticks(0, 24009.1, 5)
-    assert step == 10000 and ticks == (0, 10000, 20000, 30000)
+    assert step == 10000
+    assert ticks == (0, 10000, 20000, 30000)
     token = axes.token_axis(4300, 60)
-    assert token.labels[0] == "0" and all(t == int(t) for t in token.ticks)
+    assert token.labels[0] == "0"
+    assert all(t == int(t) for t in token.ticks)
     assert "4,000" in token.labels
     small = axes.token_axis(3, 60)  # three tokens: no 0.5 ticks
     assert all(t == int(t) for t in small.ticks)
     ms = axes.duration_axis(437.0, 9)
-    assert ms.labels[0] == "0" and all(label.endswith(" ms") for label in ms.labels[1:])
+    assert ms.labels[0] == "0"
+    assert all(label.endswith(" ms") for label in ms.labels[1:])
     for tick in ms.ticks:
         mantissa = tick / 10 ** math.floor(math.log10(tick)) if tick else 1.0
         assert round(mantissa, 6) in (1.0, 2.0, 4.0, 5.0, 6.0, 8.0, 3.0)
     s = axes.duration_axis(171_900.0, 9)
-    assert s.labels[-1].endswith(" s") and s.labels[0] == "0"
+    assert s.labels[-1].endswith(" s")
+    assert s.labels[0] == "0"
     # Every tick is a whole number of rows above the bottom: an even scale.
     for rows in (4, 5, 6, 7, 9, 10, 13):
         axis = axes.duration_axis(437.0, rows)
@@ -274,7 +293,9 @@ def test_kv_plot_keeps_the_last_minute() -> None:
     for i in range(200):
         tel.add_sample(_sample(i + 1, started_at=float(i), duration=0.5, free=80))
     xs, _ys, _ = tel.kv_series()
-    assert xs[0] == -60.0 and xs[-1] == 0.0 and len(xs) <= 62
+    assert xs[0] == -60.0
+    assert xs[-1] == 0.0
+    assert len(xs) <= 62
 
 
 # -- 7. a busy host ---------------------------------------------------------------------------
@@ -283,14 +304,16 @@ def test_host_watch_names_the_load_and_wild_step_times() -> None:
     assert watch.warning() is None  # not a CPU engine: the load is not checked
     watch.check_load = True
     warning = watch.warning()
-    assert warning is not None and "load 3.4 on 2 cores" in warning.words
+    assert warning is not None
+    assert "load 3.4 on 2 cores" in warning.words
     calm = HostWatch(load_average=lambda: 0.1, cores=2)
     calm.check_load = True
     for i in range(40):
         d = 0.023 if i % 3 else 1.1  # 23 ms, then over a second
         calm.add_sample(_sample(i, decode=1, duration=d))
     words = calm.warning()
-    assert words is not None and "decode steps vary" in words.words
+    assert words is not None
+    assert "decode steps vary" in words.words
 
 
 async def test_the_status_line_says_when_the_host_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,7 +370,8 @@ def test_footer_fields_wrap_between_fields_never_inside_one() -> None:
 def test_wording_agrees_with_numbers() -> None:
     from tui import format as fmt
 
-    assert fmt.count(1, "block") == "1 block" and fmt.count(2, "block") == "2 blocks"
+    assert fmt.count(1, "block") == "1 block"
+    assert fmt.count(2, "block") == "2 blocks"
     assert fmt.count(1, "copy", "copies") == "1 copy"
     from engine.events import RequestFinished
 
@@ -405,7 +429,9 @@ async def test_an_empty_enter_with_the_slider_off_sends_nothing() -> None:
         main.chat.input.focus()
         await pilot.press("enter", "enter")
         await pilot.pause()
-        assert main.chat.replies() == [] and not main.busy and not app._notifications
+        assert main.chat.replies() == []
+        assert not main.busy
+        assert not app._notifications
 
 
 async def test_a_20000_character_paste_is_sent_and_refused_in_words() -> None:
@@ -421,10 +447,13 @@ async def test_a_20000_character_paste_is_sent_and_refused_in_words() -> None:
         await pilot.press("enter")
         await reply_done(pilot)
         text = main.chat.transcript_text()
-        assert "Prompt too long" in text and "2,048" in text and "Traceback" not in text
+        assert "Prompt too long" in text
+        assert "2,048" in text
+        assert "Traceback" not in text
         await send_chat(pilot, "still here?")
         await reply_done(pilot)
-        assert main.current is not None and main.current.text == " ".join(REPLY)
+        assert main.current is not None
+        assert main.current.text == " ".join(REPLY)
 
 
 async def test_twenty_fast_enters_during_a_reply_show_one_toast() -> None:
@@ -467,7 +496,8 @@ async def test_esc_and_ctrl_n_mid_reply_give_the_blocks_back(key: str) -> None:
         assert main.engine_panel.block_map.free_blocks == 64
         await send_chat(pilot, "next")
         await reply_done(pilot, timeout=30)
-        assert main.current is not None and main.current.primary.finished is not None
+        assert main.current is not None
+        assert main.current.primary.finished is not None
 
 
 class CountingShutdown(FakeEngine):
@@ -501,7 +531,8 @@ async def test_ctrl_q_mid_reply_says_it_is_shutting_down_then_exits() -> None:
         await pilot.press("ctrl+q")
         await pilot.pause(0.2)
         clock.release()
-    assert seen == [ShuttingDownScreen.__name__] and engine.shutdowns == 1
+    assert seen == [ShuttingDownScreen.__name__]
+    assert engine.shutdowns == 1
     assert app.return_code in (None, 0)
     assert SHUTTING_DOWN == "shutting down the engine…"
 
@@ -526,15 +557,17 @@ async def test_the_slider_at_m_exactly_is_refused_before_a_prompt_is_built() -> 
         main.chat.input.focus()
         await pilot.press("enter")
         await pilot.pause()
-        assert Counting.built == 0 and not main.busy
+        assert Counting.built == 0
+        assert not main.busy
         error = str(main.controls.query_one("#slider-error").render())
-        assert "2,048 tokens" in error and "max_model_len) is 2,048" in error
+        assert "2,048 tokens" in error
+        assert "max_model_len) is 2,048" in error
 
 
 async def test_an_unknown_theme_never_rewrites_settings_and_unknown_keys_survive(
     tui_config_dir: Path,
 ) -> None:
-    tui_config_dir.mkdir(parents=True, exist_ok=True)
+    tui_config_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (test set-up)
     path = tui_config_dir / "settings.json"
     original = json.dumps({"theme": "no-such-theme", "future_key": [1, 2], "cursor_blink": True})
     path.write_text(original)

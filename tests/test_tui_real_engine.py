@@ -19,9 +19,11 @@ async def test_a_short_reply_streams_and_the_kv_panel_moves(vllm_engine) -> None
         await send_chat(pilot, "Name one colour.")
         await reply_done(pilot, timeout=120)
         reply = main.current
-        assert reply is not None and reply.text.strip()
+        assert reply is not None
+        assert reply.text.strip()
         transcript = main.chat.transcript_text()
-        assert "TTFT" in transcript and "tok/s" in transcript
+        assert "TTFT" in transcript
+        assert "tok/s" in transcript
         telemetry = app.telemetry
         assert len(telemetry.points) == 1
         # The KV panel moved: usage rose above zero while the reply held blocks.

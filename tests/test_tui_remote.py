@@ -9,12 +9,11 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
-from textual.pilot import Pilot
 from tui_helpers import engine_ready, make_app, settle, tui_config_dir
 
 from engine.events import PrefixCacheView, RemoteCapabilities, ScrapeSample, StepSample
@@ -25,6 +24,11 @@ from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_s
 from tui.app import KvscopeApp
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.remote_state import RemoteStateView
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from textual.pilot import Pilot
 
 __all__ = ["tui_config_dir"]
 
@@ -89,7 +93,9 @@ class RecordedServer(FakeEngine):
 
 async def _attached(pilot: Pilot[int]) -> None:
     await engine_ready(pilot)
-    engine = pilot.app.engine
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    engine = app.engine
     assert isinstance(engine, RecordedServer)
     engine.play()
     await settle(pilot)
@@ -112,18 +118,25 @@ async def test_the_panel_shows_the_servers_state_and_no_block_ids() -> None:
         await _attached(pilot)
         view = app.main_screen.engine_panel.remote_state
         assert isinstance(view, RemoteStateView)
-        assert view.display and not app.main_screen.query_one(KvBlockMap).parent.display  # type: ignore[union-attr]
+        assert view.display
+        blocks_box = app.main_screen.query_one(KvBlockMap).parent
+        assert blocks_box is not None
+        assert not blocks_box.display
         sample = view.sample
-        assert sample is not None and sample.running == 1 and sample.used_blocks == 29
+        assert sample is not None
+        assert sample.running == 1
+        assert sample.used_blocks == 29
         console = Console(record=True, width=120, file=io.StringIO())
         console.print(view.render())
         text = console.export_text()
         assert "not sent by the server" in text
-        assert "chat-a: 8" in text and "synthetic-b: 30" in text  # cached blocks by chat
+        assert "chat-a: 8" in text
+        assert "synthetic-b: 30" in text
         step = app.main_screen.engine_panel.query_one("#engine-step")
         assert "scrape" in str(step.render())
         latest = app.main_screen.telemetry.latest
-        assert isinstance(latest, StepSample) and latest.blocks == ()
+        assert isinstance(latest, StepSample)
+        assert latest.blocks == ()
 
 
 async def test_a_new_chat_starts_a_new_session() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -31,6 +30,9 @@ from tui.widgets.prompt_length_slider import (
 )
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
 
+if TYPE_CHECKING:
+    from pathlib import Path, PurePath
+
 __all__ = ["tui_config_dir"]
 
 CARD = ModelCard(
@@ -52,7 +54,7 @@ L4 = EmulationInfo(gpu="L4", model="qwen2.5-7b", pool_tokens=1536, kv_bytes_per_
 class Host(App[None]):
     """One widget in an app that loads kvscope's real stylesheets and theme."""
 
-    CSS_PATH: ClassVar[list[str | Path]] = list(STYLESHEETS)
+    CSS_PATH: ClassVar[list[str | PurePath]] = list(STYLESHEETS)
 
     def __init__(self, widget: object) -> None:
         super().__init__()
@@ -72,10 +74,13 @@ def test_walls_divide_the_pool_by_concurrency_and_mark_the_emulated_gpu() -> Non
     card = dataclasses.replace(CARD, emulation=L4)
     walls = {w.kind: w for w in walls_for(card, 1)}
     assert walls["max_model_len"].tokens == 2048
-    assert walls["kv_pool"].tokens == 1024 and walls["kv_pool"].label == "KV pool"
-    assert walls["gpu"].tokens == 1536 and "L4" in walls["gpu"].label
+    assert walls["kv_pool"].tokens == 1024
+    assert walls["kv_pool"].label == "KV pool"
+    assert walls["gpu"].tokens == 1536
+    assert "L4" in walls["gpu"].label
     walls4 = {w.kind: w for w in walls_for(card, 4)}
-    assert walls4["kv_pool"].tokens == 256 and walls4["kv_pool"].label == "KV pool ÷ 4 ="
+    assert walls4["kv_pool"].tokens == 256
+    assert walls4["kv_pool"].label == "KV pool ÷ 4 ="
     assert walls4["gpu"].tokens == 384
     assert [w.tokens for w in walls_for(card, 1)] == sorted(w.tokens for w in walls_for(card, 1))
 
@@ -86,7 +91,8 @@ async def test_slider_keys_move_by_small_and_big_steps_and_walls_turn_it_red() -
         slider.card = CARD
         slider.focus()
         await pilot.pause()
-        assert slider.small_step == 16 and slider.big_step == 160
+        assert slider.small_step == 16
+        assert slider.big_step == 160
         assert slider.maximum == 2560
         await pilot.press("right")
         assert slider.value == 528
@@ -95,19 +101,23 @@ async def test_slider_keys_move_by_small_and_big_steps_and_walls_turn_it_red() -
         await pilot.press("pageup")
         assert slider.value == 640  # snapped to the big step's grid, then one big step
         await pilot.press("shift+right", "shift+right", "shift+right")
-        assert slider.value == 1120 and slider.has_class("-past-wall")
+        assert slider.value == 1120
+        assert slider.has_class("-past-wall")
         text = str(slider.render())
-        assert KV_POOL_CONSEQUENCE in text and MAX_MODEL_LEN_CONSEQUENCE not in text
+        assert KV_POOL_CONSEQUENCE in text
+        assert MAX_MODEL_LEN_CONSEQUENCE not in text
         await pilot.press("end")
         assert slider.value == 2560
         assert MAX_MODEL_LEN_CONSEQUENCE in str(slider.render())
         await pilot.press("home")
-        assert slider.value == 16 and not slider.has_class("-past-wall")
+        assert slider.value == 16
+        assert not slider.has_class("-past-wall")
         assert "fits under every wall" in str(slider.render())
         slider.concurrency = 8  # 1,024 / 8 = 128 tokens per copy
         slider.value = 200
         await pilot.pause()
-        assert slider.has_class("-past-wall") and "KV pool ÷ 8 = 128" in str(slider.render())
+        assert slider.has_class("-past-wall")
+        assert "KV pool ÷ 8 = 128" in str(slider.render())
 
 
 def test_k_wall_leaves_room_for_the_output_in_whole_blocks() -> None:
@@ -117,9 +127,12 @@ def test_k_wall_leaves_room_for_the_output_in_whole_blocks() -> None:
     k = {w.kind: w for w in walls_for(card, 2, max_tokens=128)}["kv_pool"]
     assert k.tokens == 45 * 128 - 128 == 5632
     assert k.label == "KV pool ÷ 2 − 128 out ="
-    assert k.passed_by(5760) and not k.passed_by(5632)
+    assert k.passed_by(5760)
+    assert not k.passed_by(5632)
     # Just under the wall is the warning zone: a little more output crosses it.
-    assert k.warns(5600) and not k.warns(4000) and not k.warns(5760)
+    assert k.warns(5600)
+    assert not k.warns(4000)
+    assert not k.warns(5760)
     # The same arithmetic as the roofline's "requests that fit at once".
     assert 2 * card.blocks_for(5632 + 128) <= card.total_blocks
     assert 2 * card.blocks_for(5632 + 128 + 1) > card.total_blocks
@@ -128,7 +141,8 @@ def test_k_wall_leaves_room_for_the_output_in_whole_blocks() -> None:
 def test_m_wall_is_passed_at_exactly_max_model_len() -> None:
     # vLLM refuses prompt_tokens >= max_model_len: M itself is past the wall.
     m = {w.kind: w for w in walls_for(CARD, 1)}["max_model_len"]
-    assert m.passed_by(2048) and not m.passed_by(2047)
+    assert m.passed_by(2048)
+    assert not m.passed_by(2047)
 
 
 async def test_slider_at_m_exactly_is_past_the_wall() -> None:
@@ -148,11 +162,13 @@ async def test_slider_warns_near_the_k_wall() -> None:
     async with Host(slider).run_test(size=(60, 16)) as pilot:
         slider.card = CARD  # K = 1,024 at one copy and no output
         await pilot.pause()
-        assert slider.has_class("-near-wall") and not slider.has_class("-past-wall")
+        assert slider.has_class("-near-wall")
+        assert not slider.has_class("-past-wall")
         assert NEAR_KV_POOL in str(slider.render())
         slider.max_tokens = 128  # K = 896 now: 960 is past it
         await pilot.pause()
-        assert slider.has_class("-past-wall") and not slider.has_class("-near-wall")
+        assert slider.has_class("-past-wall")
+        assert not slider.has_class("-near-wall")
         assert "KV pool − 128 out = 896" in str(slider.render())
 
 
@@ -177,7 +193,8 @@ async def test_slider_ruler_marks_walls_where_they_are() -> None:
         track, marks = lines[1], lines[2]
         for wall in slider.walls():
             x = round(wall.tokens / slider.maximum * (width - 1))
-            assert track[x] == "┃" and marks[x] == wall.marker
+            assert track[x] == "┃"
+            assert marks[x] == wall.marker
 
 
 # -- ModelCardView ----------------------------------------------------------------------------
@@ -235,14 +252,18 @@ async def test_block_map_draws_one_character_per_block_with_a_legend() -> None:
         lines = block_map.as_text().plain.splitlines()
         width = block_map.content_size.width
         grid = "".join(lines[: -(-64 // width)])
-        assert grid[:6] == USED * 4 + FREE + USED and grid[6:] == FREE * 58
+        assert grid[:6] == USED * 4 + FREE + USED
+        assert grid[6:] == FREE * 58
         legend = "\n".join(lines[-(-64 // width) :])
-        assert "a 3 blk 40 tok" in legend and "b 2 blk 20 tok" in legend
+        assert "a 3 blk 40 tok" in legend
+        assert "b 2 blk 20 tok" in legend
         assert "free 59/64" in legend
-        assert block_map.colour_index("a") == 0 and block_map.colour_index("b") == 1
+        assert block_map.colour_index("a") == 0
+        assert block_map.colour_index("b") == 1
         # A finished request's blocks are shown free even before the next step says so.
         block_map.show_sample(sample, finished=["a"])
-        assert block_map.owner_of(0) is None and block_map.owner_of(2) == "b"
+        assert block_map.owner_of(0) is None
+        assert block_map.owner_of(2) == "b"
 
 
 async def test_a_big_pool_is_drawn_with_several_blocks_per_character() -> None:
@@ -257,8 +278,10 @@ async def test_a_big_pool_is_drawn_with_several_blocks_per_character() -> None:
         assert per == -(-1000 // (width * 2))
         cells = block_map.cells(width)
         assert len(cells) == -(-1000 // per)
-        assert cells[0].owner == "a" and cells[0].glyph == USED
-        assert cells[-1].owner is None and cells[-1].glyph == FREE
+        assert cells[0].owner == "a"
+        assert cells[0].glyph == USED
+        assert cells[-1].owner is None
+        assert cells[-1].glyph == FREE
         assert f"1 char = {per} blocks" in block_map.as_text().plain
 
 
@@ -283,11 +306,13 @@ async def test_count_stepper_steps_and_clamps() -> None:
     async with Host(stepper).run_test(size=(30, 4)) as pilot:
         stepper.focus()
         await pilot.press("right", "right")
-        assert stepper.value == 3 and "copies" in str(stepper.render())
+        assert stepper.value == 3
+        assert "copies" in str(stepper.render())
         await pilot.press("end", "right")
         assert stepper.value == 4
         await pilot.press("home", "left")
-        assert stepper.value == 1 and str(stepper.render()).endswith("copy")
+        assert stepper.value == 1
+        assert str(stepper.render()).endswith("copy")
 
 
 # -- plotting and figures ---------------------------------------------------------------------
@@ -296,7 +321,9 @@ def test_envelope_keeps_spikes() -> None:
     ys = [1.0] * 1000
     ys[567] = 50.0
     ex, ey = envelope(xs, ys, 40)
-    assert len(ex) == 40 and max(ey) == 50.0 and 567.0 in ex
+    assert len(ex) == 40
+    assert max(ey) == 50.0
+    assert 567.0 in ex
 
 
 def test_plot_builds_in_the_given_size_and_colours() -> None:
@@ -304,21 +331,25 @@ def test_plot_builds_in_the_given_size_and_colours() -> None:
     job = PlotJob(("k",), figure, 40, 10, (("series", (255, 0, 0)), ("axes", (0, 255, 0))))
     text = Text.from_ansi(build_plot(job))
     lines = text.plain.splitlines()
-    assert len(lines) == 10 and max(len(line) for line in lines) <= 40
+    assert len(lines) == 10
+    assert max(len(line) for line in lines) <= 40
     colours = {span.style.color.triplet for span in text.spans if span.style.color}  # type: ignore[union-attr]
     assert any(c is not None and (c.red, c.green, c.blue) == (255, 0, 0) for c in colours)
     # Bigger than the 80x24 plotext assumes when stdout is not a terminal: not clipped.
     big = Text.from_ansi(build_plot(PlotJob(("k",), figure, 130, 40, job.palette))).plain
-    assert len(big.splitlines()) == 40 and max(len(line) for line in big.splitlines()) == 130
+    assert len(big.splitlines()) == 40
+    assert max(len(line) for line in big.splitlines()) == 130
 
 
 def test_figures_come_from_the_ring_buffers() -> None:
     tel = Telemetry()
-    assert itl_figure(tel, 40) == (None, None) and latency_figure(tel, 40)[0] is None
+    assert itl_figure(tel, 40) == (None, None)
+    assert latency_figure(tel, 40)[0] is None
     assert kv_figure(tel, 40) is None
     tel.add_sample(_sample((RequestBlocks("a", (0,), 10),)))
     figure = kv_figure(tel, 40)
-    assert figure is not None and figure.yaxis is not None
+    assert figure is not None
+    assert figure.yaxis is not None
     assert (figure.yaxis.lo, figure.yaxis.hi) == (0.0, 100.0)
 
 
@@ -326,7 +357,8 @@ def test_figures_come_from_the_ring_buffers() -> None:
 def test_settings_round_trip_in_the_config_dir(tui_config_dir: Path) -> None:
     assert config_dir() == tui_config_dir
     settings = AppSettings.load()
-    assert settings.theme == "kvscope-dark" and settings.problem is None
+    assert settings.theme == "kvscope-dark"
+    assert settings.problem is None
     settings.theme = "phosphor"
     path = settings.save()
     assert path == tui_config_dir / "settings.json"
@@ -338,14 +370,13 @@ def test_broken_settings_fall_back_to_defaults(tui_config_dir: Path) -> None:
     tui_config_dir.mkdir(parents=True)
     (tui_config_dir / "settings.json").write_text("{not json")
     settings = AppSettings.load()
-    assert (
-        settings.theme == "kvscope-dark"
-        and settings.problem
-        and "not valid JSON" in settings.problem
-    )
+    assert settings.theme == "kvscope-dark"
+    assert settings.problem
+    assert "not valid JSON" in settings.problem
     (tui_config_dir / "settings.json").write_text(json.dumps({"theme": 3, "cursor_blink": False}))
     settings = AppSettings.load()
-    assert settings.theme == "kvscope-dark" and settings.cursor_blink is False
+    assert settings.theme == "kvscope-dark"
+    assert settings.cursor_blink is False
 
 
 def test_config_dir_env_var_wins(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -355,5 +386,6 @@ def test_config_dir_env_var_wins(monkeypatch, tmp_path: Path) -> None:  # type: 
 
 def test_themes_one_light_at_least_and_distinct_names() -> None:
     themes = all_themes()
-    assert len(themes) >= 3 and len({t.name for t in themes}) == len(themes)
+    assert len(themes) >= 3
+    assert len({t.name for t in themes}) == len(themes)
     assert any(not t.dark for t in themes)

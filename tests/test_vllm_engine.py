@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from subprocess_report import run_and_report
@@ -16,11 +17,15 @@ from subprocess_report import run_and_report
 from engine.errors import ModelNotFound, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 
+if TYPE_CHECKING:
+    from engine.protocol import Engine
+    from engine.vllm.engine import VllmEngine
+
 ROOT = Path(__file__).resolve().parents[1]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
 
 
-async def _ttft(engine, n: int, seed: int) -> float:
+async def _ttft(engine: Engine, n: int, seed: int) -> float:
     last = None
     async for event in engine.stream(
         GenerationRequest(
@@ -30,11 +35,12 @@ async def _ttft(engine, n: int, seed: int) -> float:
         )
     ):
         last = event
-    assert isinstance(last, RequestFinished) and last.ttft_s is not None
+    assert isinstance(last, RequestFinished)
+    assert last.ttft_s is not None
     return last.ttft_s
 
 
-async def test_ttft_grows_with_the_prompt(vllm_engine) -> None:
+async def test_ttft_grows_with_the_prompt(vllm_engine: Engine) -> None:
     await _ttft(vllm_engine, 64, seed=100)  # warm-up: the first request of an engine is slow
     short = min([await _ttft(vllm_engine, 64, seed=s) for s in (101, 102)])
     long = min([await _ttft(vllm_engine, 2048, seed=s) for s in (103, 104)])
@@ -42,9 +48,10 @@ async def test_ttft_grows_with_the_prompt(vllm_engine) -> None:
     assert long > 3 * short, (short, long)
 
 
-async def test_vllm_refusal_maps_to_prompt_too_long(vllm_engine) -> None:
+async def test_vllm_refusal_maps_to_prompt_too_long(vllm_engine: VllmEngine) -> None:
     """Our own pre-check is lifted, so the refusal must come from vLLM's validation."""
     card = vllm_engine.card
+    assert card is not None
     n = card.max_model_len + 10
     ids = vllm_engine.synthetic_prompt(n)
     vllm_engine._card = dataclasses.replace(card, max_model_len=n + 1)
@@ -98,7 +105,8 @@ def test_start_up_with_too_small_kv_pool_says_how_much(tmp_path: Path) -> None:
     assert data["len"] == 8192
     # 64 MiB holds about 2,900 tokens of KV; vLLM rounds to whole blocks.
     assert 2000 < data["est"] < 64 * 1024**2 // 23040 + 1
-    assert "8,192" in data["plain"] and "67,108,864" in data["plain"]
+    assert "8,192" in data["plain"]
+    assert "67,108,864" in data["plain"]
 
 
 @pytest.mark.engine
@@ -128,7 +136,8 @@ def test_generate_cli_prints_the_json_and_errors_in_one_line() -> None:
     data = json.loads(out.stdout)
     for key in ("ttft_s", "itl_s", "output_tokens", "prompt_tokens", "model", "steps", "text"):
         assert key in data
-    assert data["prompt_tokens"] == 96 and data["output_tokens"] == 8
+    assert data["prompt_tokens"] == 96
+    assert data["output_tokens"] == 8
     assert len(data["itl_s"]) == 7
     assert data["model"]["kv_bytes_per_token"] == 23040
     assert data["model"]["max_model_len"] == 2048
@@ -175,13 +184,15 @@ def test_bad_model_cli_is_one_plain_line() -> None:
     assert "kvscope: Model not found: './no/such/model'" in out.stderr
 
 
-def test_vllm_internals_are_where_kvscope_expects(vllm_engine) -> None:
-    """If this fails after a vLLM upgrade, fix engine/vllm_internals.py and only it."""
+def test_vllm_internals_are_where_kvscope_expects(vllm_engine: VllmEngine) -> None:
+    """If this fails after a vLLM upgrade, fix engine/vllm/internals.py and only it."""
     intro = vllm_engine.introspection
+    assert vllm_engine.card is not None
     assert intro.total_blocks == vllm_engine.card.total_blocks
     assert intro.block_size == 128  # the CPU backend's block size
     assert 0 <= intro.free_blocks() <= intro.total_blocks
-    assert hasattr(intro.scheduler, "requests") and hasattr(intro.scheduler, "running")
+    assert hasattr(intro.scheduler, "requests")
+    assert hasattr(intro.scheduler, "running")
     assert callable(intro.kv_manager.get_block_ids)
     # 128 MiB / (23,040 B/token x 128 tokens/block) = 45 blocks, one of them vLLM's null block.
     assert intro.total_blocks == math.floor(128 * 1024**2 / (23040 * 128)) - 1

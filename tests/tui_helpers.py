@@ -10,19 +10,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from textual.pilot import Pilot
 from textual.widgets import Input
 
 from engine.clock import Clock, VirtualClock
-from engine.events import EmulationInfo, ModelCard, ProgressCallback
 from engine.fake import FakeConfig, FakeEngine
-from engine.protocol import Engine
 from tui.app import KvscopeApp
 from tui.settings import CONFIG_DIR_ENV, AppSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from textual.pilot import Pilot
+
+    from engine.events import EmulationInfo, ModelCard, ProgressCallback
+    from engine.protocol import Engine
 
 
 class HoldingClock(VirtualClock):
@@ -100,11 +105,11 @@ def make_app(
 
 
 @pytest.fixture(autouse=True)
-def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point kvscope's settings at a temporary folder for every test that imports this."""
     folder = tmp_path / "kvscope-config"
     monkeypatch.setenv(CONFIG_DIR_ENV, str(folder))
-    yield folder
+    return folder
 
 
 async def wait_until(

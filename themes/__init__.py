@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from textual.theme import Theme
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from textual.theme import Theme
 
 
 def all_themes() -> tuple[Theme, ...]:

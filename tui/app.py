@@ -15,11 +15,13 @@ from textual.screen import Screen
 from textual.theme import Theme
 
 from engine.protocol import Engine
+from engine.replay import ReplayEngine
 from themes import all_themes
 from tui.gc_pauses import GcPolicy
 from tui.plotting import PlotRenderer
 from tui.screens.help import HelpScreen
 from tui.screens.main import MainScreen
+from tui.screens.replay import ReplayScreen
 from tui.settings import DEFAULT_THEME, AppSettings
 from tui.telemetry import Telemetry
 from tui.widgets import STYLESHEETS
@@ -67,8 +69,12 @@ class KvscopeApp(App[int]):
         self.screenshot_path: str | None = None
         self.telemetry = Telemetry()
         self.renderer = PlotRenderer()
-        self._main = MainScreen(
-            engine, self.telemetry, self.renderer, cursor_blink=self.settings.cursor_blink
+        blink = self.settings.cursor_blink
+        # A tape plays into the same panels, on a screen that takes no input.
+        self._main = (
+            ReplayScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
+            if isinstance(engine, ReplayEngine)
+            else MainScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
         )
         self._shown_theme = DEFAULT_THEME
         self.quitting = False
@@ -196,14 +202,27 @@ class KvscopeApp(App[int]):
         yield from super().get_system_commands(screen)
         main = self._main
         yield SystemCommand("Help", "Keys and what each panel shows", self.action_help)
-        yield SystemCommand(
-            "Prompt-length sweep",
-            "Measure TTFT and ITL over prompt lengths; export JSON or CSV",
-            self.action_sweep,
-        )
-        yield SystemCommand("New chat", "Clear the transcript and history", main.action_new_chat)
+        if isinstance(main, ReplayScreen):
+            # A replay sends nothing: no sweep, and the tape decides when a chat starts.
+            yield SystemCommand(
+                "Play / pause", "Play or pause the replay", main.action_toggle_pause
+            )
+        else:
+            yield SystemCommand(
+                "Prompt-length sweep",
+                "Measure TTFT and ITL over prompt lengths; export JSON or CSV",
+                self.action_sweep,
+            )
+            yield SystemCommand(
+                "New chat", "Clear the transcript and history", main.action_new_chat
+            )
         yield SystemCommand(
             "Latency colours", "Colour every token by its latency", main.action_toggle_latency
+        )
+        yield SystemCommand(
+            "Request timeline (F6)",
+            "Switch the ITL plot and the timeline of every request's steps",
+            main.action_toggle_timeline,
         )
         if main.engine_state in ("failed", "dead"):
             yield SystemCommand(

@@ -7,8 +7,11 @@ positions with labels. Pure functions, so a test can read an axis without drawin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 STEPS = (1.0, 2.0, 5.0)
 

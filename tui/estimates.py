@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from engine.errors import KvscopeError
-from engine.events import ModelCard
 from tui import format as fmt
+
+if TYPE_CHECKING:
+    from engine.events import ModelCard
 
 LONG_SEND_S = 10.0
 """A send whose prefill is estimated to take longer than this is announced first."""

@@ -53,9 +53,14 @@ def itl_figure(
     xs = [float(i + 1) for i in range(len(values))]
     # Braille gives two dots per column: more points than that only costs drawing time.
     ex, ey = envelope(xs, values, max(columns * 2, 8))
+    rules = [Rule(pct.p50, "p50"), Rule(pct.p90, "p90"), Rule(pct.p99, "p99")]
+    # The spike cursor (keys [ and ] on the focused box): a vertical line at its token.
+    # x is the token's index: the ITL of token i (i >= 1) is drawn at x = i.
+    if tel.cursor is not None and 1 <= tel.cursor <= len(values):
+        rules.append(Rule(float(tel.cursor), "series-alt", vertical=True))
     figure = Figure(
         series=(Series(ex, ey, role="series"),),
-        rules=(Rule(pct.p50, "p50"), Rule(pct.p90, "p90"), Rule(pct.p99, "p99")),
+        rules=tuple(rules),
         xaxis=axes.token_axis(len(values), columns),
         yaxis=axes.duration_axis(max(values), axes.plot_rows(rows, xlabel=False)),
     )

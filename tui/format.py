@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from engine.events import EngineState
+if TYPE_CHECKING:
+    from engine.events import EngineState
 
 StatePlace = Literal["refusal", "card", "panel"]
 

@@ -7,11 +7,13 @@ they exist at all: from another thread a widget may only be told things by messa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from engine.errors import KvscopeError
-from engine.events import LoadProgress, ModelCard, ScrapeSample, StepSample
+if TYPE_CHECKING:
+    from engine.errors import KvscopeError
+    from engine.events import LoadProgress, ModelCard, ScrapeSample, StepSample
 
 
 @dataclass

@@ -14,17 +14,20 @@ while streaming (see EnginePanel.redraw), keep the loop's lag to a few milliseco
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import plotext as plt
 
-from tui.axes import Axis
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tui.axes import Axis
 
 RGB = tuple[int, int, int]
 Palette = tuple[tuple[str, RGB], ...]
 """Colour roles ("series", "axes", "p99", ...) to RGB, taken from the theme by the widget."""
+
 
 @dataclass(frozen=True)
 class Series:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from engine.events import StepSample
+if TYPE_CHECKING:
+    from engine.events import StepSample
 
 Phase = Literal[
     "sending", "submitted", "queued", "waiting_kv", "prefilling", "decoding", "preempted", "done"

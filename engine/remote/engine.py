@@ -14,7 +14,6 @@ carry the time they reached this client.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -22,7 +21,6 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +83,10 @@ from engine.remote.metrics import (
 )
 from engine.remote.prompts import RemotePrompts
 from engine.remote.streaming import ReplyAssembler, StreamError
+
+if TYPE_CHECKING:
+    import concurrent.futures
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 log = logging.getLogger("kvscope")
 

@@ -12,12 +12,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.events import EngineRow, HistogramDelta, ScrapeSample, StepSample
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("kvscope")
 

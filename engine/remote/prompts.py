@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from engine.events import ChatMessage
-from engine.remote.client import ServerClient
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from engine.events import ChatMessage
+    from engine.remote.client import ServerClient
 
 FILLER_WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "

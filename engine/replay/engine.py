@@ -32,7 +32,7 @@ import bisect
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.clock import Clock, RealClock
 from engine.events import (
@@ -54,6 +54,9 @@ from engine.relay import relay
 from engine.tape.errors import RecordingCutOff, ReplayOnly, ReplayRewound, TapeHasNoSession
 from engine.tape.format import Abandoned, NewChat, RecordedFailure, StartedRequest
 from engine.tape.reader import RecordedRequest, Tape, read_tape
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 Item = EngineEvent | BaseException
 

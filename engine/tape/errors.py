@@ -7,9 +7,12 @@ write must not cost the user everything before it.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import KvscopeError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class TapeError(KvscopeError):

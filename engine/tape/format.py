@@ -41,7 +41,6 @@ import itertools
 import json
 import math
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +62,9 @@ from engine.events import (
 )
 from engine.tape import errors as tape_errors
 from engine.tape.errors import RecordedError
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Callable
 
 FORMAT_VERSION = 1
 MAGIC = "kvscope_tape"

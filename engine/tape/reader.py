@@ -10,9 +10,8 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from engine.errors import KvscopeError
 from engine.events import (
     ChatMessage,
     EngineEvent,
@@ -45,6 +44,9 @@ from engine.tape.format import (
     RecordValue,
     StartedRequest,
 )
+
+if TYPE_CHECKING:
+    from engine.errors import KvscopeError
 
 log = logging.getLogger("kvscope")
 

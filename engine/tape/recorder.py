@@ -12,13 +12,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.clock import Clock, RealClock, VirtualClock
 from engine.events import EngineEvent, GenerationRequest, ModelCard, StepSample, UserMessage
@@ -26,6 +25,9 @@ from engine.sizes import GIB, MIB
 from engine.tape.errors import TapeUnwritable
 from engine.tape.format import Encoder, Kind, dumps, header
 from engine.tape.paths import default_tape_path
+
+if TYPE_CHECKING:
+    import os
 
 log = logging.getLogger("kvscope")
 

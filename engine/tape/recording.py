@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING
 
-from engine.clock import Clock
 from engine.events import (
     ChatMessage,
     EngineEvent,
@@ -17,8 +15,14 @@ from engine.events import (
     StepListener,
     UserMessage,
 )
-from engine.protocol import Engine
 from engine.tape.recorder import DEFAULT_CAP_BYTES, NoticeCallback, TapeRecorder
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from engine.clock import Clock
+    from engine.protocol import Engine
 
 
 def engine_clock(engine: object) -> Clock | None:

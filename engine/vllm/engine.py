@@ -23,9 +23,8 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import (
     EngineDied,
@@ -57,6 +56,9 @@ from engine.prompts import build_synthetic_prompt, chat_prompt_ids
 from engine.relay import relay
 from engine.sizes import dtype_bytes, kv_bytes_per_token
 from engine.vllm.startup import map_start_error, read_geometry, route_vllm_logs
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 Item = EngineEvent | BaseException
 
@@ -431,9 +433,10 @@ class VllmEngine:
                 seed=sp.seed,
                 output_kind=RequestOutputKind.DELTA,
             )
-            internal = engine.add_request(
-                rid, TokensPrompt(prompt_token_ids=list(live.prompt_ids)), params
-            )
+            # vLLM marks the other keys NotRequired via typing_extensions, which mypy's
+            # Python 3.10 mode reads as required.
+            prompt = TokensPrompt(prompt_token_ids=list(live.prompt_ids))  # type: ignore[typeddict-item]
+            internal = engine.add_request(rid, prompt, params)
         except Exception as exc:
             self._outbox.put(live, refusal(rid, exc, len(live.prompt_ids), self._card))
             return

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, ModelNotFound, UnknownFlag
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 MIB = 1024**2
 # Enough for one full 8,192-token request of the embedded model (23,040 B/token) plus
@@ -45,7 +47,7 @@ def vllm_parser(prog: str = "kvscope") -> argparse.ArgumentParser:
         def error(self, message: str) -> None:  # type: ignore[override]
             raise flag_error(message)
 
-    parser = _Parser(prog=prog, description="vLLM engine options")
+    parser = _Parser(prog=prog, description="vLLM engine options")  # type: ignore[no-untyped-call]
     EngineArgs.add_cli_args(parser)
     return parser
 

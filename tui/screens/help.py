@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown, Static
 
 from tui.screens.main import MainScreen
+from tui.screens.replay import ReplayScreen
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.prompt_length_slider import PromptLengthSlider
+from tui.widgets.request_timeline import LatencyBox
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from textual.app import ComposeResult
 
 PANELS_TEXT = """
 ## The panels
@@ -48,11 +53,27 @@ and *latency vs prompt tokens* for every reply of the session: TTFT (•) grows 
 prompt, median ITL (×) stays flat. A copy that queued behind others is drawn as ◇, with its
 queue time taken off. F9 clears the plots; ctrl+y puts that plot on a log scale.
 
+**Latency anatomy.** A finished reply's footer splits its TTFT into queue, its own prefill
+(and in how many chunks), others' work in those steps, and preemption, when the engine
+measures them step by step. F6 turns the ITL plot into the *timeline*: one row per request,
+time running right, each queued (░), prefilling a chunk (█), decoding (━) or preempted (╳);
+the ruler ticks at every step and ▼ marks the reply's worst ITL. Idle stretches between
+requests are cut to one column (┊). With that box focused, [ and ] (or ← →) move a cursor
+over the reply's tokens, w jumps to the worst, and the line under the box says why that
+token waited: e.g. "token 37 waited 412 ms: step 118 also ran a 2,048-token prefill chunk
+of r4". A remote server shows no steps, so there the cause cannot be known.
+
 A request's status reads: *submitted*, *queued by the scheduler (token budget)*, *waiting
 for KV blocks* (only when fewer blocks are free than it needs), *prefilling (chunk k of
 n)*, *decoding*, or *preempted*.
 
 Below 120 columns the panels become tabs: F2 Chat, F3 Engine, F4 Controls.
+
+**Tapes.** Every session is recorded to a tape (the toast at start says where; `--no-tape`
+turns it off). `kvscope replay TAPE` plays one back into these same panels, with no
+engine: the bar under the panels says the step and whether it plays; Space pauses, ← →
+step, Home End jump. `kvscope --resume` puts the last chat back, footers included, on a
+fresh engine; a reply a crash cut short is marked interrupted.
 """
 
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
@@ -63,13 +84,21 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Textual's key names for keys a reader knows by their glyph.
+KEY_GLYPHS = {
+    "question_mark": "?",
+    "left_square_bracket": "[",
+    "right_square_bracket": "]",
+}
+
+
 def binding_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     for item in bindings:
         if not isinstance(item, Binding):
             continue
-        keys = " / ".join(k.strip() for k in item.key.split(","))
-        rows.append((keys.replace("question_mark", "?"), item.description or item.action))
+        keys = " / ".join(KEY_GLYPHS.get(k.strip(), k.strip()) for k in item.key.split(","))
+        rows.append((keys, item.description or item.action))
     return rows
 
 
@@ -96,6 +125,8 @@ class HelpScreen(ModalScreen[None]):
             ("Main screen", binding_rows(MainScreen.BINDINGS)),
             ("Prompt-length slider (when focused)", binding_rows(PromptLengthSlider.BINDINGS)),
             ("Concurrency (when focused)", binding_rows(CountStepper.BINDINGS)),
+            ("ITL plot / timeline (when focused)", binding_rows(LatencyBox.BINDINGS)),
+            ("Replay (kvscope replay TAPE)", binding_rows(ReplayScreen.replay_bindings())),
         ]
 
     def _keys_table(self) -> Group:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import ClassVar
 
 from textual import on, work
@@ -47,9 +48,23 @@ from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
 from tui.widgets.reply_block import ReplyBlock
+from tui.widgets.request_timeline import LatencyBox
 
 REDRAW_HZ = 20  # the chat and the engine panel each redraw at half this
 PANELS = ("chat", "engine", "controls")
+
+
+def send_labels(ids: Sequence[str], synthetic_tokens: int | None) -> tuple[str | None, str]:
+    """The note over a sent message and its reply's title (live, replayed or resumed)."""
+    copies = len(ids)
+    times = f" × {copies} copies" if copies > 1 else ""
+    if synthetic_tokens is not None:
+        n = synthetic_tokens
+        return (
+            f"⟨synthetic prompt: {n:,} tokens{times}⟩",
+            f"assistant · {ids[0]} · {n:,}-token prompt{times}",
+        )
+    return (f"⟨{copies} copies⟩" if copies > 1 else None), f"assistant · {ids[0]}{times}"
 
 
 class MainScreen(Screen[None]):
@@ -65,6 +80,7 @@ class MainScreen(Screen[None]):
         Binding("ctrl+r", "restart_engine", "Restart engine"),
         Binding("f9", "clear_plots", "Clear plots"),
         Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
+        Binding("f6", "toggle_timeline", "ITL plot / request timeline", show=False),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
         Binding("f3", "show_panel('engine')", "Engine panel", show=False),
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),
@@ -328,14 +344,10 @@ class MainScreen(Screen[None]):
         self._busy_notified = False
         self._current_user_text = text
         self._current_synthetic = synthetic
-        times = f" × {copies} copies" if copies > 1 else ""
         if synthetic:
             controls.show_error(None)
-            await self.chat.add_user_message(text, f"⟨synthetic prompt: {n:,} tokens{times}⟩")
-            title = f"assistant · {ids[0]} · {n:,}-token prompt{times}"
-        else:
-            await self.chat.add_user_message(text, f"⟨{copies} copies⟩" if copies > 1 else None)
-            title = f"assistant · {ids[0]}{times}"
+        note, title = send_labels(ids, n if synthetic else None)
+        await self.chat.add_user_message(text, note)
         reply = await self.chat.add_reply(title, ids, self._status_of)
         self.current = reply
         self.telemetry.track_request(ids[0])
@@ -376,6 +388,10 @@ class MainScreen(Screen[None]):
                 await self._request_failed(exc)
             self._reply_over(reply)
             return True
+        record = getattr(self.engine, "record_user_message", None)
+        if callable(record):
+            # The session's tape keeps what the user sent, for replay and --resume.
+            record(text, request_ids=ids, synthetic_tokens=n if synthetic else None)
         for copy, request in enumerate(requests):
             self.run_worker(
                 self._stream(reply, copy, request), group="requests", exit_on_error=False
@@ -474,6 +490,9 @@ class MainScreen(Screen[None]):
             self.engine.abort(request_id)
 
     async def action_new_chat(self) -> None:
+        record_new_chat = getattr(self.engine, "record_new_chat", None)
+        if callable(record_new_chat):
+            record_new_chat()  # --resume restores only what follows
         # Cancelling the workers makes each stream abort its request, so blocks come back.
         self.workers.cancel_group(self, "requests")
         self.current = None
@@ -503,6 +522,13 @@ class MainScreen(Screen[None]):
     def action_toggle_log_latency(self) -> None:
         panel = self.engine_panel
         panel.log_latency = not panel.log_latency
+
+    def action_toggle_timeline(self) -> None:
+        """The ITL plot's box shows the request timeline, or the ITL plot again."""
+        self.action_show_panel("engine")
+        box = self.engine_panel.query_one(LatencyBox)
+        box.toggle()
+        self.call_after_refresh(box.scroll_visible, animate=False)
 
     def action_restart_engine(self) -> None:
         if self.engine_state in ("failed", "dead"):

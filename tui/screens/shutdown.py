@@ -6,10 +6,14 @@ its memory). A blank terminal for that long looks like a hang, so the app says s
 
 from __future__ import annotations
 
-from textual.app import ComposeResult
+from typing import TYPE_CHECKING
+
 from textual.containers import Center, Middle
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
 
 SHUTTING_DOWN = "shutting down the engine…"
 

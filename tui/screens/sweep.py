@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, ScrollableContainer, Vertical, VerticalScroll
 from textual.message import Message
@@ -30,12 +28,18 @@ from engine.events import (
     RequestFinished,
     StepListener,
 )
-from engine.protocol import Engine
 from engine.stats import percentile
 from tui import axes
 from tui import format as fmt
 from tui.plotting import Figure, PlotRenderer, Series
 from tui.widgets.plot import Plot
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from textual.app import ComposeResult
+
+    from engine.protocol import Engine
 
 KEY = "[$primary]·[/] each run  [$primary]•[/] mean  [$success]▫[/] roofline floor"
 KEY_ITL = (
@@ -88,9 +92,9 @@ def sweep_figures(
     xs = tuple(float(p.prompt_len) for p in good)
 
     def series(key: str, role: str, marker: str, kind: str = "line") -> Series | None:
-        if not good or not all(key in p.metrics for p in good):
+        if not good or not all(p.value(key) is not None for p in good):
             return None
-        ys = tuple(p.metrics[key] for p in good)
+        ys = tuple(p.value(key) or 0.0 for p in good)
         # One point is a line of no length: draw it as a point.
         shape = "scatter" if len(good) == 1 else kind
         return Series(xs, ys, role=role, kind=shape, marker=marker)  # type: ignore[arg-type]
@@ -435,10 +439,10 @@ class SweepScreen(Screen[None]):
         point = message.point
         self.points.append(point)
         self._version += 1
-        m = point.metrics
 
         def f(key: str) -> str:
-            return f"{m[key]:,.1f}" if key in m else "–"
+            v = point.value(key)
+            return f"{v:,.1f}" if v is not None else "–"
 
         result = Text("ok") if point.ok else Text(f"✗ {point.error or 'failed'}", style="bold")
         self.query_one(DataTable).add_row(

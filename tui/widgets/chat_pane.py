@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
-from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
@@ -15,6 +15,9 @@ from textual.widgets import Input, Static
 from engine.events import EngineState
 from tui.widgets.engine_status import EngineStatus
 from tui.widgets.reply_block import ReplyBlock, StatusSource
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
 
 EMPTY_HINT = (
     "Type a message and press Enter. The reply streams in token by token; its footer "

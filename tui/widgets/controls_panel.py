@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
-from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
@@ -17,6 +17,9 @@ from tui import format as fmt
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import PromptLengthSlider
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
 
 DEFAULT_MAX_TOKENS = 128
 MIN_CONCURRENCY_CAP = 16

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
@@ -15,11 +14,16 @@ from textual.widgets import Static
 from engine.events import EngineState, ModelCard, StepSample
 from tui import figures
 from tui import format as fmt
-from tui.plotting import PlotRenderer
-from tui.telemetry import HostWarning, Telemetry
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
+from tui.widgets.request_timeline import LatencyBox
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+
+    from tui.plotting import PlotRenderer
+    from tui.telemetry import HostWarning, Telemetry
 
 HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
 
@@ -106,7 +110,7 @@ class EnginePanel(Vertical):
             with Vertical(id="kv-box", classes="box plot-box") as box:
                 box.border_title = "KV usage % · last 60 s"
                 yield Plot("no steps yet", id="kv-plot")
-            with Vertical(id="itl-box", classes="box plot-box") as box:
+            with LatencyBox(self.telemetry, id="itl-box", classes="box plot-box") as box:
                 box.border_title = "ITL per output token"
                 yield Plot("send a message to see its ITL", id="itl-plot")
             with Vertical(id="ttft-box", classes="box plot-box") as box:
@@ -142,6 +146,13 @@ class EnginePanel(Vertical):
     def invalidate(self) -> None:
         """Draw every part again at the next redraw (after a clear or a scale change)."""
         self._seen = {}
+
+    def reset(self) -> None:
+        """Show no step yet, as at start-up (a replay rewound, its telemetry emptied)."""
+        self.invalidate()
+        self._sync_state()
+        if self.card is not None and self.telemetry.latest is None:
+            self.block_map.show_empty_pool(self.card.total_blocks, self.card.block_size)
 
     def _sync_state(self) -> None:
         if not self.is_mounted:
@@ -238,6 +249,8 @@ class EnginePanel(Vertical):
                 else "ITL per output token"
             )
             box.border_subtitle = ITL_KEY if pct else ""
+        # After the ITL titles: in timeline mode (F6) the box shows the timeline's.
+        self.query_one(LatencyBox).redraw()
         points = tel.points_version
         if changed("points", (points, self.log_latency, ttft_plot.content_size)):
             width, height = ttft_plot.content_size

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
 
 from engine.events import EngineState, LoadProgress
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
 
 
 class EngineStatus(Vertical):

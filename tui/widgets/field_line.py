@@ -7,10 +7,14 @@ different numbers. Each field here stays whole: a line break only comes at a sep
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.cells import cell_len
 from rich.text import Text
-from textual.geometry import Size
 from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from textual.geometry import Size
 
 SEPARATOR = " │ "
 

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.cells import cell_len
 from rich.segment import Segment
-from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from engine.events import RequestBlocks, StepSample
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from rich.style import Style
+
+    from engine.events import RequestBlocks, StepSample
 
 REQUEST_COLOURS = 8
 FREE = "·"

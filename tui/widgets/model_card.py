@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
@@ -12,6 +11,9 @@ from textual.widget import Widget
 
 from engine.events import EngineState, ModelCard
 from tui import format as fmt
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 class ModelCardView(Widget):

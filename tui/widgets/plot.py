@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
 from tui.plotting import RGB, Figure, Palette, PlotJob
+
+if TYPE_CHECKING:
+    from rich.style import Style
 
 # Colour roles a figure may use, each a component class styled from theme variables in
 # plot.tcss, so a theme change recolours the plots without any hex code in Python.

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import events
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from engine.events import ModelCard
 from tui import format as fmt
+
+if TYPE_CHECKING:
+    from textual import events
+
+    from engine.events import ModelCard
 
 MAX_MODEL_LEN_CONSEQUENCE = "at or past max_model_len: the engine will refuse this prompt"
 KV_POOL_CONSEQUENCE = "past the KV pool: requests will be preempted/queued"

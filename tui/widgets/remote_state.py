@@ -8,7 +8,7 @@ cannot show, instead of a panel of zeros.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -16,8 +16,10 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from engine.events import HistogramDelta, PrefixCacheView, RemoteCapabilities, ScrapeSample
 from tui import format as fmt
+
+if TYPE_CHECKING:
+    from engine.events import HistogramDelta, PrefixCacheView, RemoteCapabilities, ScrapeSample
 
 
 def _pct(value: float | None) -> str:

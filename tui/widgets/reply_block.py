@@ -5,19 +5,25 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown, Static
 
-from engine.events import RequestFinished, TokenEvent
 from engine.stats import percentile
 from tui import format as fmt
 from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
-from tui.widgets.field_line import SEPARATOR, FieldLine
+from tui.telemetry import anatomy_parts
+from tui.widgets.field_line import SEPARATOR, FieldLine, pack
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.geometry import Size
+
+    from engine.events import RequestFinished, TokenEvent
 
 REASONS = {"stop": "done", "length": "hit max tokens", "abort": "stopped"}
 PER_COPY_ROWS = 3
@@ -50,6 +56,36 @@ def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
 
 def footer_line(ev: RequestFinished) -> str:
     return SEPARATOR.join(footer_fields(ev))
+
+
+def anatomy_fields(ev: RequestFinished) -> tuple[str, ...]:
+    """Where the TTFT went, as the terms of one sum, when the engine measured it step by
+    step; () otherwise (a remote server, or no token came)."""
+    if ev.anatomy is None or ev.ttft_s is None:
+        return ()
+    return anatomy_parts(ev.anatomy, ev.ttft_s)
+
+
+PLUS = " + "
+
+
+class SumLine(FieldLine):
+    """A FieldLine of terms: "a + b + c", wrapped between terms, never inside one; a
+    wrapped line starts with "+ " so it still reads as the same sum."""
+
+    @property
+    def plain(self) -> str:
+        return PLUS.join(self.fields)
+
+    def _lines(self, width: int) -> list[str]:
+        lines = pack(self.fields, max(1, width - 2), PLUS)
+        return [line if i == 0 else "+ " + line for i, line in enumerate(lines)]
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._lines(width)) if self.fields else 0
+
+    def render(self) -> Text:
+        return Text("\n".join(self._lines(self.content_size.width)), end="")
 
 
 def _no_status(request_id: str, accepted: bool) -> RequestStatus:
@@ -191,12 +227,19 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
 class ReplyBlock(Vertical):
     """The primary copy streams into a Markdown widget and a TokenLatencyView; extra
     concurrent copies show as one status line each, or counted when there are many, and
-    end as one table.
+    end as one table. A finished reply's footer is followed by its TTFT split, when known.
 
     Tokens are appended with `Markdown.append` (append-only: only the last block is parsed
     again), once per screen tick with everything received since the last one. That is
     MarkdownStream's coalescing, done on the screen's clock: the append then lands in the
     same frame as the plots and status lines, instead of costing frames of its own.
+    """
+
+    DEFAULT_CSS = """
+    ReplyBlock .reply-anatomy {
+        height: auto;
+        color: $text-secondary;
+    }
     """
 
     def __init__(
@@ -227,6 +270,7 @@ class ReplyBlock(Vertical):
         copies.display = len(self.copies) > 1
         yield copies
         yield FieldLine(classes="reply-footer")
+        yield SumLine(classes="reply-anatomy")
 
     async def on_mount(self) -> None:
         await self.tick()
@@ -251,6 +295,11 @@ class ReplyBlock(Vertical):
     @property
     def footer_text(self) -> str:
         return self.query_one(".reply-footer", FieldLine).plain
+
+    @property
+    def anatomy_text(self) -> str:
+        """The TTFT split under the footer ("" when not shown)."""
+        return self.query_one(".reply-anatomy", SumLine).plain
 
     def accepted(self, copy: int) -> None:
         self.copies[copy].accepted = True
@@ -338,6 +387,7 @@ class ReplyBlock(Vertical):
         elif p.finished is not None:
             prefix = ("■ stopped by you",) if p.finished.reason == "abort" else ()
             footer.set_fields(prefix + footer_fields(p.finished))
+            self.query_one(".reply-anatomy", SumLine).set_fields(anatomy_fields(p.finished))
         else:
             where = self.where(p)
             preempted = f" · preempted ×{p.preemptions_seen}" if p.preemptions_seen else ""

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.cells import cell_len
 from rich.segment import Segment
-from rich.style import Style
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from rich.style import Style
 
 FAST_RATIO = 1.5
 SLOW_RATIO = 3.0
