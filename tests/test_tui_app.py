@@ -7,6 +7,7 @@ import json
 import threading
 import time
 
+from rich.style import Style
 from textual.widgets import Input, Switch
 from tui_helpers import (
     HoldingClock,
@@ -352,10 +353,27 @@ async def test_new_chat_clears_the_transcript_and_history() -> None:
         assert "remember me" not in main.chat.transcript_text()
 
 
+def _drawn_colours(plot: Plot) -> set[tuple[int, int, int]]:
+    """The RGB colours actually present in a plot's last drawing."""
+    text = plot.render()
+    out = set()
+    for span in text.spans:
+        style = span.style
+        if isinstance(style, Style) and style.color is not None and style.color.triplet:
+            out.add(tuple(style.color.triplet))
+    return out  # type: ignore[return-value]
+
+
 async def test_theme_switch_changes_the_colours() -> None:
     app = make_app()
     async with app.run_test(size=WIDE) as pilot:
         await engine_ready(pilot)
+        await send_chat(pilot, "colour me")
+        await reply_done(pilot)
+        await app.main_screen.redraw()
+        plot = app.main_screen.engine_panel.query_one("#kv-plot", Plot)
+        dark_series = dict(plot.palette())["series"]
+        assert dark_series in _drawn_colours(plot)
         assert app.theme == "kvscope-dark"
         block_map = app.main_screen.engine_panel.block_map
         before_bg = app.screen.styles.background
@@ -364,9 +382,13 @@ async def test_theme_switch_changes_the_colours() -> None:
         await settle(pilot)
         assert app.screen.styles.background != before_bg
         assert block_map.get_component_rich_style("kv-block-map--req-0").color != before_req
-        # The plots were redrawn in the new colours too.
-        plot = app.main_screen.engine_panel.query_one("#kv-plot", Plot)
-        assert dict(plot.palette())["series"] != (0, 0, 0)
+        # The plots were redrawn in the new colours too, with no new data to prompt it.
+        await app.main_screen.redraw()
+        light_series = dict(plot.palette())["series"]
+        assert light_series != dark_series
+        drawn = _drawn_colours(plot)
+        assert light_series in drawn
+        assert dark_series not in drawn
 
 
 async def test_theme_from_the_palette_is_remembered(tui_config_dir) -> None:  # type: ignore[no-untyped-def]

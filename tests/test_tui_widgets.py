@@ -290,10 +290,16 @@ async def test_latency_view_wraps_and_appends_without_rewrapping() -> None:
     tokens: list[TimedToken] = []
     view = TokenLatencyView(tokens)
     async with Host(view).run_test(size=(20, 10)) as pilot:
+        first_line = None
         for i in range(12):
             tokens.append(TimedToken(("" if i == 0 else " ") + f"tok{i}", 0.02, i))
             view.sync()
             await pilot.pause()
+            if first_line is None:
+                first_line = view._lines[0]
+        # Append-only: the first wrapped line is the same object it was after one token,
+        # so no sync() re-wrapped the reply from the start.
+        assert view._lines[0] is first_line
         text = "".join(seg.text for y in range(view.size.height) for seg in view.render_line(y))
         assert all(f"tok{i}" in text for i in range(12))
         assert view.size.height == len(view._lines) > 1
