@@ -18,6 +18,20 @@ if TYPE_CHECKING:
 class CountStepper(Widget, can_focus=True):
     """`◀ 2 ▶ copies`: left/right (or -/+) step by one, home/end jump to the ends."""
 
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    CountStepper {
+        height: 1;
+        width: auto;
+        padding: 0 1;
+    }
+    CountStepper:focus {
+        background: $primary 25%;
+    }
+    CountStepper > .count-stepper--arrow { color: $primary; }
+    CountStepper > .count-stepper--value { color: $foreground; text-style: bold; }
+    """
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left,minus", "step(-1)", "Fewer", show=False),
         Binding("right,plus,equals_sign", "step(1)", "More", show=False),

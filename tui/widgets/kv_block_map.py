@@ -55,6 +55,27 @@ class KvBlockMap(Widget):
     many are in use), and the legend says how many.
     """
 
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    KvBlockMap {
+        height: auto;
+        width: 1fr;
+    }
+    KvBlockMap > .kv-block-map--free { color: $foreground 30%; }
+    KvBlockMap > .kv-block-map--legend { color: $foreground-muted; }
+    KvBlockMap > .kv-block-map--req-0 { color: $primary; }
+    KvBlockMap > .kv-block-map--req-1 { color: $accent; }
+    KvBlockMap > .kv-block-map--req-2 { color: $success; }
+    KvBlockMap > .kv-block-map--req-3 { color: $secondary; }
+    KvBlockMap > .kv-block-map--req-4 { color: $warning; }
+    KvBlockMap > .kv-block-map--req-5 { color: $primary-lighten-3; }
+    KvBlockMap > .kv-block-map--req-6 { color: $accent-darken-2; }
+    KvBlockMap > .kv-block-map--req-7 { color: $success-darken-2; }
+    /* Lightened hues fade into a light background: darken them instead. */
+    App.-light-mode KvBlockMap > .kv-block-map--req-5 { color: $primary-darken-3; }
+    App.-light-mode KvBlockMap > .kv-block-map--free { color: $foreground 40%; }
+    """
+
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "kv-block-map--free",
         "kv-block-map--legend",

@@ -19,6 +19,18 @@ if TYPE_CHECKING:
 class ModelCardView(Widget):
     """The model card as a small label/value table; says "loading" until there is one."""
 
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    ModelCardView {
+        height: auto;
+        width: 1fr;
+    }
+    ModelCardView > .model-card--label { color: $foreground-muted; }
+    ModelCardView > .model-card--value { color: $foreground; }
+    ModelCardView > .model-card--emulation { color: $accent; text-style: italic; }
+    ModelCardView > .model-card--muted { color: $foreground-muted; text-style: italic; }
+    """
+
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "model-card--label",
         "model-card--value",

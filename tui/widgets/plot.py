@@ -28,9 +28,26 @@ class Plot(Widget):
     """Shows the last drawn figure; the owner decides when to draw (see `job`/`apply`).
 
     The widget never calls plotext itself: `job()` says what would be drawn, a
-    `PlotRenderer` draws it in a thread, and `apply()` shows the result. `job()` returns
+    `PlotRenderer` draws it (on the event loop), and `apply()` shows the result. `job()` returns
     None when nothing changed since the last draw (same data version, size and colours),
     which is how a redraw timer skips idle plots.
+    """
+
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    /* Plot colours come from the theme: each role is a component class. */
+    Plot {
+        height: 1fr;
+        min-height: 5;
+        width: 1fr;
+    }
+    Plot > .plot--axes { color: $foreground-muted; }
+    Plot > .plot--series { color: $primary; }
+    Plot > .plot--series-alt { color: $accent; }
+    Plot > .plot--marker { color: $error; }
+    Plot > .plot--p50 { color: $success; }
+    Plot > .plot--p90 { color: $warning; }
+    Plot > .plot--p99 { color: $error; }
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"plot--{role}" for role in ROLES}

@@ -114,6 +114,34 @@ class PromptLengthSlider(Widget, can_focus=True):
     refuses, so nothing further would show anything new.
     """
 
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    PromptLengthSlider {
+        height: auto;
+        width: 1fr;
+        padding: 0 1;
+        border: round $panel-lighten-2;
+    }
+    PromptLengthSlider:focus {
+        border: round $primary;
+    }
+    PromptLengthSlider.-past-wall {
+        border: round $error;
+    }
+    PromptLengthSlider > .prompt-length-slider--value { color: $foreground; text-style: bold; }
+    PromptLengthSlider > .prompt-length-slider--muted { color: $foreground-muted; }
+    PromptLengthSlider > .prompt-length-slider--track { color: $foreground 35%; }
+    PromptLengthSlider > .prompt-length-slider--filled { color: $primary; }
+    PromptLengthSlider > .prompt-length-slider--knob { color: $accent; text-style: bold; }
+    PromptLengthSlider > .prompt-length-slider--wall { color: $warning; text-style: bold; }
+    PromptLengthSlider > .prompt-length-slider--past { color: $error; }
+    PromptLengthSlider > .prompt-length-slider--ok { color: $success; }
+    PromptLengthSlider.-near-wall {
+        border: round $warning;
+    }
+    PromptLengthSlider > .prompt-length-slider--near { color: $warning; }
+    """
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "step(-1)", "Shorter", show=False),
         Binding("right", "step(1)", "Longer", show=False),

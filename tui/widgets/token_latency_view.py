@@ -47,6 +47,18 @@ def latency_level(token: TimedToken, median_s: float) -> str:
 class TokenLatencyView(Widget):
     """Renders a shared, growing list of tokens; call `sync()` after appending to it."""
 
+    # Its own styles travel with it, so the widget works in any host app.
+    DEFAULT_CSS = """
+    TokenLatencyView {
+        height: auto;
+        width: 1fr;
+    }
+    TokenLatencyView > .token-latency-view--first { color: $accent; text-style: underline; }
+    TokenLatencyView > .token-latency-view--fast { color: $success; }
+    TokenLatencyView > .token-latency-view--slow { color: $warning; }
+    TokenLatencyView > .token-latency-view--stall { color: $error; text-style: bold reverse; }
+    """
+
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"token-latency-view--{lvl}" for lvl in LEVELS}
 
     def __init__(
