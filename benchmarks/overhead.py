@@ -59,6 +59,10 @@ class StepCost:
     loop_s: float = 0.0  # the whole of kvscope's _one_step
     steps: int = 0
     on: bool = False
+    installed: bool = False
+
+
+COST = StepCost()  # one set of timers per engine: wrapping step() twice would count twice
 
 
 def on_step_thread(engine: Any, fn: Callable[[Any], Any]) -> Any:
@@ -162,8 +166,12 @@ def run_case(engine: Any, case: Case, rounds: int) -> None:
     # Warm-up, both ways, so neither pays first-use costs.
     bare_round(engine, prompts[:1], Case(case.name, 1, case.prompt_len, 8, False))
     asyncio.run(kvscope_round(engine, prompts[:1], Case(case.name, 1, case.prompt_len, 8, False)))
-    cost = StepCost()
-    instrument(engine, cost)
+    cost = COST
+    cost.step_s = cost.loop_s = 0.0
+    cost.steps = 0
+    if not cost.installed:
+        instrument(engine, cost)
+        cost.installed = True
     print(f"\n{case.name}: {case.prompts} x {case.prompt_len}-token prompts", end="")
     print(f" -> {case.output_len} tokens")
     head = f"{'round':>5}  {'bare tok/s':>10}  {'kvscope tok/s':>13}  {'ratio':>6}"

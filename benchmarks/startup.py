@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.host import HostLoad
 
-FLAGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(64 * 1024**2)]
+# kvscope as a user starts it (no flags: its CPU defaults), and bare vLLM given the same
+# settings: the model's own max_model_len, a 256 MiB KV pool, eager mode.
+FLAGS: list[str] = []
 
 BARE = """
 import os, sys
@@ -33,8 +35,8 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.v1.engine.llm_engine import LLMEngine
-args = EngineArgs(model=sys.argv[1], max_model_len=1024, kv_cache_memory_bytes=64 * 1024**2,
-                  enforce_eager=True, gpu_memory_utilization=0.5)
+args = EngineArgs(model=sys.argv[1], kv_cache_memory_bytes=256 * 1024**2,
+                  enforce_eager=True, gpu_memory_utilization=0.5, use_tqdm_on_load=False)
 engine = LLMEngine.from_engine_args(args)
 engine.add_request("r", TokensPrompt(prompt_token_ids=list(range(100, 132))),
                    SamplingParams(max_tokens=2, ignore_eos=True))
@@ -48,17 +50,17 @@ os._exit(0)
 
 OURS = """
 import asyncio, os, sys
-from cli.launch import start_engine
+from cli.launch import running_engine
 from engine.events import GenerationRequest, SamplingSettings, TokenEvent
-engine = start_engine(sys.argv[1:], quiet=True)
-async def main():
+async def main(engine):
     request = GenerationRequest("r", prompt_token_ids=tuple(range(100, 132)),
                                 sampling=SamplingSettings(max_tokens=2, ignore_eos=True))
     async for event in engine.stream(request):
         if isinstance(event, TokenEvent):
             print("FIRST", flush=True)
             os._exit(0)
-asyncio.run(main())
+with running_engine(sys.argv[1:]) as engine:
+    asyncio.run(main(engine))
 """
 
 

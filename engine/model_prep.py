@@ -55,6 +55,36 @@ def gguf_path() -> Path:
     return path
 
 
+VERIFIED = ".verified.json"
+
+
+def _fingerprint(folder: Path) -> dict[str, list[int]]:
+    """Size and mtime of every file: what a full check saw, cheap to compare again."""
+    return {
+        f.name: [f.stat().st_size, f.stat().st_mtime_ns]
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name != VERIFIED
+    }
+
+
+def _remember_verified(folder: Path) -> None:
+    # Loading the config, tokenizer and weights' index to check them costs 0.3 s of every
+    # start; a folder whose files have not changed since a full check needs none.
+    with contextlib.suppress(OSError):
+        record = {"format": FORMAT_VERSION, "files": _fingerprint(folder)}
+        (folder / VERIFIED).write_text(json.dumps(record))
+
+
+def _unchanged_since_verified(folder: Path) -> bool:
+    try:
+        record = json.loads((folder / VERIFIED).read_text())
+        return bool(
+            record.get("format") == FORMAT_VERSION and record.get("files") == _fingerprint(folder)
+        )
+    except (OSError, ValueError):
+        return False
+
+
 def verify_model_dir(folder: Path) -> list[str]:
     """What is wrong with a converted folder; an empty list means it is complete."""
     problems: list[str] = []
@@ -133,8 +163,12 @@ def prepare_embedded_model(progress: Progress | None = None, *, force: bool = Fa
     target = embedded_model_dir()
     sweep_stale_temps(target.parent)
     if not force and target.is_dir():
+        if _unchanged_since_verified(target):
+            report("ready", 1.0)
+            return target
         problems = verify_model_dir(target)
         if not problems:
+            _remember_verified(target)
             report("ready", 1.0)
             return target
         report(f"rebuilding ({'; '.join(problems)})", 0.0)
@@ -166,6 +200,7 @@ def _convert_into(src: Path, target: Path, report: Progress) -> None:
         problems = verify_model_dir(tmp)
         if problems:
             raise RuntimeError("converted model failed its check: " + "; ".join(problems))
+        _remember_verified(tmp)
         if target.exists():
             shutil.rmtree(target)
         tmp.chmod(0o755)
