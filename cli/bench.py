@@ -10,9 +10,8 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +19,9 @@ from rich.table import Table
 from bench.sweep import FloorFn, SweepConfig, SweepPoint, SweepResult, make_floors, run_sweep
 from cli.roofline import parse_int_list, parse_int_option
 from engine.errors import BadOption, KvscopeError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 EXIT_SOME_FAILED = 3
 
@@ -80,6 +82,16 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
 
     add_attach_args(p)
     add_record_arg(p)
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("FLAGS_A", "FLAGS_B"),
+        help=(
+            "A/B: the same sweep on two engine configs, one after the other, e.g. "
+            '--compare "--max-num-batched-tokens 256" "--max-num-batched-tokens 2048"; '
+            "prints both, the B/A ratios, and overlaid charts"
+        ),
+    )
     return p
 
 
@@ -364,6 +376,12 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
     files = result_files(args)
     for f in files:
         f.check()
+    if args.compare:
+        if args.url:
+            raise BadOption("--compare", "it restarts the engine with each config: not with --url")
+        from cli.compare import report_compare, run_compare
+
+        return report_compare(run_compare(args, config, engine_argv), args, args.json_path)
     from cli.replay import open_recorder, recorded
 
     recorder = open_recorder(args.tape) if args.tape else None  # said before any engine

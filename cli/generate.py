@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.records import request_record
 from engine.errors import BadOption, PromptTooLong
@@ -29,8 +29,10 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
-from engine.protocol import Engine
 from engine.stats import percentile
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
 
 DEFAULT_PROMPT = "Say hello in one sentence."
 # Far past any context window this tool can send (1M tokens are a few MB of text); a

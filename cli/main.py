@@ -10,8 +10,10 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 SUBCOMMANDS = ("generate", "bench", "roofline", "replay", "prepare-model", "engine-help")
 

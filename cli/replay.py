@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, KvscopeError
 from engine.events import RequestFinished
-from engine.protocol import Engine
 from engine.tape import (
     RecordedRequest,
     RecordingEngine,
@@ -39,6 +38,7 @@ from engine.tape import (
 from engine.tape.paths import SUFFIX
 
 if TYPE_CHECKING:
+    from engine.protocol import Engine
     from tui.app import KvscopeApp
 
 Script = Callable[["KvscopeApp"], Awaitable[None]]
@@ -132,7 +132,7 @@ def tape_json(tape: Tape) -> dict[str, Any]:
 
 
 def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "replay",
         help="play a recorded session tape in the playground (no vLLM needed)",
         usage="kvscope replay TAPE [--speed X] [--paused] | --json | --svg OUT [--at STEP]",
@@ -227,7 +227,20 @@ def play(tape: Tape, *, speed: float, paused: bool) -> int:
 
     engine = ReplayEngine(tape, speed=speed, paused=paused)
     engine.start()
-    return run_tui(engine)
+    return run_tui(engine, script=warn_in_app(tape))
+
+
+def warn_in_app(tape: Tape) -> Script | None:
+    """The tape's warnings (a torn last line) as toasts too: the line said on stderr is
+    hidden while the app has the terminal."""
+    if not tape.warnings:
+        return None
+
+    async def warn(app: KvscopeApp) -> None:
+        for warning in tape.warnings:
+            app.notify(warning.plain(), title="Tape", severity="warning", timeout=15)
+
+    return warn
 
 
 def save_svg(tape: Tape, out: str, at: int, size: tuple[int, int]) -> int:
@@ -240,13 +253,17 @@ def save_svg(tape: Tape, out: str, at: int, size: tuple[int, int]) -> int:
     saved: list[str] = []
 
     async def script(app: KvscopeApp) -> None:
-        await replay_to(app, at)
+        # Whatever happens, the app must exit: headless, nobody could close it.
         try:
+            await replay_to(app, at)
             app.save_screenshot(filename=out)
             saved.append(out)
         except OSError as exc:
             saved.append(f"error: could not write {out}: {exc.strerror or exc}")
-        app.exit(0)
+        except Exception as exc:
+            saved.append(f"error: the replay did not reach step {at:,}: {exc!r}")
+        finally:
+            app.exit(0)
 
     run_tui(engine, script=script, screenshot=out, size=size)
     from cli.launch import say
@@ -269,10 +286,14 @@ async def replay_to(app: KvscopeApp, at: int, timeout: float = 60.0) -> None:
     assert isinstance(main, ReplayScreen)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while main.engine_state == "loading" and loop.time() < deadline:
+    # The bar gets its first position once the screen took the card and started playing.
+    # A screen's state has no event to await: look at it, as the demo does.
+    while main.bar.position is None and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.05)  # the replay's worker starts once the screen took the card
-    main.replay.seek(at)
+    if at >= main.replay.length:
+        main.action_seek_end()  # the records after the last step too
+    else:
+        main.replay.seek(at)
     # Sends become replies by message and streams are read by workers: wait until a few
     # looks in a row find nothing new.
     seen: object = None
@@ -280,7 +301,9 @@ async def replay_to(app: KvscopeApp, at: int, timeout: float = 60.0) -> None:
     while still < 3 and loop.time() < deadline:
         await asyncio.sleep(0.03)
         await main.redraw()
-        now = (main.chat.transcript_text(), app.telemetry.steps_version, main.bar.words)
+        replies = main.chat.replies()
+        received = [c.received for r in replies for c in r.copies]
+        now = (len(replies), received, app.telemetry.steps_version, main.bar.words)
         still = still + 1 if now == seen else 0
         seen = now
     # The engine panel looks at the host's load once a second: once more, on these steps.
@@ -323,20 +346,9 @@ def add_record_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class SessionRecording(RecordingEngine):
-    """A RecordingEngine that also hands on what its engine offers beyond the protocol.
-
-    The playground asks a remote engine for its scrape listener, capabilities, prefix
-    cache and `new_session` by name; without this, a recorded `--url` session would lose
-    its remote view.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        # Only for names RecordingEngine itself lacks; "inner" guards against recursion
-        # while it is being built.
-        if name == "inner" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+# The recording engine hands on what its engine offers beyond the protocol (see
+# RecordingEngine.__getattr__); the old name stays for the callers here.
+SessionRecording = RecordingEngine
 
 
 def open_recorder(path: str | None) -> TapeRecorder:
@@ -435,6 +447,9 @@ class SessionTape:
 
             announce_tape(app, self.recorder, self.problem)
             if self.resumed is not None:
+                warn = warn_in_app(self.resumed)  # a killed session's torn last line
+                if warn is not None:
+                    await warn(app)
                 await restore_transcript(app.main_screen, self.resumed)
             if then is not None:
                 await then(app)

@@ -209,3 +209,45 @@ def test_the_closing_sentence_says_what_the_numbers_show(
     line = verdict(*ratios)
     assert says in line
     assert f"TTFT x{ratios[1]:.1f}" in line
+
+
+def test_compare_names_the_config_with_a_bad_flag() -> None:
+    out = subprocess.run(
+        [KVSCOPE, "bench", "--compare", "--max-num-batched-tokens 256", "--no-such-flag 3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [x for x in out.stderr.splitlines() if x.startswith("kvscope:")]
+    assert lines
+    assert "config B (--no-such-flag 3)" in lines[-1]
+    assert "config A:" not in out.stderr  # refused before A's engine ever started
+
+
+@pytest.mark.engine
+def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None:
+    out_json = tmp_path / "ab.json"
+    out = subprocess.run(
+        [
+            KVSCOPE, "bench", "--prompt-lens", "128,1024", "--runs", "1", "--output-len", "8",
+            "--warmup", "0", "--max-model-len", "2048",
+            "--compare", "--max-num-batched-tokens 256", "--max-num-batched-tokens 2048",
+            "--json", str(out_json),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "B / A, per prompt length" in out.stdout
+    data = json.loads(out_json.read_text())["compare"]
+    assert set(data) == {"A", "B"}
+    assert data["A"]["flags"] == "--max-num-batched-tokens 256"
+    for label in ("A", "B"):
+        assert [p["prompt_len"] for p in data[label]["points"]] == [128, 1024]
+        assert all(p["ok"] for p in data[label]["points"])
+    # A 256-token step budget cuts the 1,024-token prompt into four chunks: slower TTFT.
+    a_ttft = data["A"]["points"][1]["mean_ttft_ms"]
+    b_ttft = data["B"]["points"][1]["mean_ttft_ms"]
+    assert a_ttft > b_ttft

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path, PurePath
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import platformdirs
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
-from textual.screen import Screen
-from textual.theme import Theme
 
-from engine.protocol import Engine
 from engine.replay import ReplayEngine
 from themes import all_themes
 from tui.gc_pauses import GcPolicy
@@ -25,6 +21,14 @@ from tui.screens.replay import ReplayScreen
 from tui.settings import DEFAULT_THEME, AppSettings
 from tui.telemetry import Telemetry
 from tui.widgets import STYLESHEETS
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+
+    from textual.screen import Screen
+    from textual.theme import Theme
+
+    from engine.protocol import Engine
 
 HERE = Path(__file__).parent
 

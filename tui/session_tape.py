@@ -18,10 +18,10 @@ from engine.events import ChatMessage, RequestAccepted, TokenEvent
 from engine.tape import RecordedRequest, RecordingCutOff, Tape, TapeRecorder, Turn
 from tui.screens.main import MainScreen, send_labels
 from tui.widgets.chat_pane import ChatPane
-from tui.widgets.reply_block import ReplyBlock
 
 if TYPE_CHECKING:
     from tui.app import KvscopeApp
+    from tui.widgets.reply_block import ReplyBlock
 
 NOTICE_TIMEOUT_S = 12.0
 EARLIER_NOTE = "⟨from an earlier session⟩"
@@ -59,7 +59,9 @@ def request_number(request_id: str) -> int:
 async def restore_transcript(main: MainScreen, tape: Tape) -> int:
     """Put the tape's last chat back on `main`: the transcript with its footers, and the
     history the model is sent with the next turn. Returns the turns restored."""
-    while not main.is_mounted or not main.query(ChatPane):
+    # Run from the app's start-up script: the screen may not be composed yet, and that
+    # has no event to await.
+    while not main.is_mounted or not main.query(ChatPane):  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     chat = main.chat
     turns = tape.last_chat()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -148,6 +149,7 @@ class ReplayEngine:
         self._offset = 0.0
         self._cursor = 0.0  # tape time at the anchor
         self._anchor = 0.0  # clock time when the cursor was set
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopped = False
         self._ended = False
@@ -199,7 +201,19 @@ class ReplayEngine:
         raise ReplayOnly("build a new prompt")
 
     def shutdown(self) -> None:
+        """Stop playing; safe from any thread (the app shuts engines down from a worker)."""
         self._stopped = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not loop:
+                # asyncio.Event is not thread-safe: wake the player on its own loop.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._poke)
+                return
         self._poke()
 
     # -- listeners beyond the protocol -------------------------------------------------------
@@ -299,10 +313,9 @@ class ReplayEngine:
         if target < self._position or (target == 0 and self._index > 0):
             self._rewind(target)
         if target > 0:
-            at = self._step_entries[target - 1]
-            # The step's own events come after it on the tape, at the time it ended.
-            limit = self._step_entries[target] if target < self.length else len(tape.entries)
-            stop = bisect.bisect_right(self._pace, self._pace[at], at, limit)
+            # Everything up to the next step: the step's own tokens come after it on the
+            # tape, and a finish or the end record a few microseconds later still.
+            stop = self._step_entries[target] if target < self.length else len(tape.entries)
             self._play_until(stop)
         if self._index >= len(self._pace):
             self._reached_end()
@@ -322,6 +335,7 @@ class ReplayEngine:
         if tape.card is None:
             raise TapeHasNoSession(tape.path)
         self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self._ensure_origin()
         self._anchor = self.clock.now()
         if self._index == 0:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.events import (
     ChatMessage,
@@ -66,6 +66,15 @@ class RecordingEngine:
         self._card: ModelCard | None = None
         if inner.card is not None:
             self._record_card(inner.card)
+
+    def __getattr__(self, name: str) -> Any:
+        # What the inner engine offers beyond the protocol (a remote engine's scrape
+        # listener, capabilities, prefix cache, new_session): the playground asks for it by
+        # name, and a recorded --url session must keep its remote view. Only names this
+        # class lacks get here; "inner" guards against recursion while it is being built.
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def _record_card(self, card: ModelCard) -> None:
         # start() on an engine that already runs returns the same card: one record.

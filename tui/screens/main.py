@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.reactive import reactive
@@ -28,11 +26,9 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
-from engine.protocol import Engine
 from tui import format as fmt
 from tui.conversation import Conversation
 from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
-from tui.gc_pauses import GcPolicy
 from tui.messages import (
     EngineFailed,
     EngineProgressed,
@@ -40,21 +36,27 @@ from tui.messages import (
     ScrapeSampled,
     StepSampled,
 )
-from tui.plotting import PlotRenderer
-from tui.request_status import RequestStatus
-from tui.telemetry import Telemetry
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
-from tui.widgets.reply_block import ReplyBlock
 from tui.widgets.request_timeline import LatencyBox
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+
+    from engine.protocol import Engine
+    from tui.gc_pauses import GcPolicy
+    from tui.plotting import PlotRenderer
+    from tui.request_status import RequestStatus
+    from tui.telemetry import Telemetry
+    from tui.widgets.reply_block import ReplyBlock
 
 REDRAW_HZ = 20  # the chat and the engine panel each redraw at half this
 PANELS = ("chat", "engine", "controls")
 
 
-def send_labels(ids: Sequence[str], synthetic_tokens: int | None) -> tuple[str | None, str]:
+def send_labels(ids: list[str], synthetic_tokens: int | None) -> tuple[str | None, str]:
     """The note over a sent message and its reply's title (live, replayed or resumed)."""
     copies = len(ids)
     times = f" × {copies} copies" if copies > 1 else ""

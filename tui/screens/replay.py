@@ -14,26 +14,30 @@ when its turn comes (its streams belong to the tape as it was before the rewind)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Footer, Static
 
 from engine.errors import KvscopeError
-from engine.events import GenerationRequest
-from engine.replay import ReplayedSend, ReplayEngine, ReplayPosition
 from engine.tape import ReplayOnly
 from tui.messages import EngineReady
-from tui.plotting import PlotRenderer
 from tui.screens.main import MainScreen, send_labels
-from tui.telemetry import Telemetry
 from tui.widgets.replay_bar import ReplayBar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from textual.app import ComposeResult
+
+    from engine.events import GenerationRequest
+    from engine.replay import ReplayedSend, ReplayEngine, ReplayPosition
+    from tui.plotting import PlotRenderer
+    from tui.telemetry import Telemetry
 
 SEEK = Binding.Group("Seek")
 
@@ -124,6 +128,7 @@ class ReplayScreen(MainScreen):
         source = engine.tape.path if engine.tape is not None else None
         self.tape_name = Path(source).name if source is not None else "a tape"
         self._generation = 0
+        self._to_end: tuple[bool, float | None] | None = None  # End pressed: (paused, gap)
         self._removers: list[Callable[[], None]] = []
 
     def compose(self) -> ComposeResult:
@@ -173,6 +178,18 @@ class ReplayScreen(MainScreen):
 
     def _on_position(self, position: ReplayPosition) -> None:
         self.bar.position = position
+        if position.ended:
+            self._end_reached()
+
+    def _end_reached(self) -> None:
+        """Undo what End did to reach the very end (also when another key comes first)."""
+        if self._to_end is None:
+            return
+        paused, gap = self._to_end
+        self._to_end = None
+        self.replay.max_gap_s = gap
+        if paused:
+            self.replay.pause()
 
     # -- playing ---------------------------------------------------------------------------
     @on(EngineReady)
@@ -258,6 +275,7 @@ class ReplayScreen(MainScreen):
     def action_toggle_pause(self) -> None:
         if self.engine_state != "ready":
             return
+        self._end_reached()
         if self.replay.ended:
             self.replay.seek(0)  # Space at the end plays it again
             self.replay.resume()
@@ -266,15 +284,28 @@ class ReplayScreen(MainScreen):
 
     def action_seek_by(self, steps: int) -> None:
         if self.engine_state == "ready":
+            self._end_reached()
             self.replay.seek(self.replay.position + steps)
 
     def action_seek_start(self) -> None:
         if self.engine_state == "ready":
+            self._end_reached()
             self.replay.seek(0)
 
     def action_seek_end(self) -> None:
-        if self.engine_state == "ready":
-            self.replay.seek(self.replay.length)
+        """To the end of the tape: its last step, and what was recorded after it."""
+        replay = self.replay
+        if self.engine_state != "ready":
+            return
+        self._end_reached()
+        replay.seek(replay.length)
+        if not replay.ended:
+            # seek() stops at the last step, before the records that follow it (the last
+            # reply's end, the end of the recording): play them now, with no gap. The
+            # position listener puts pause and gap back once the end is reached.
+            self._to_end = (replay.paused, replay.max_gap_s)
+            replay.max_gap_s = 0.0
+            replay.resume()
 
     def action_no_sweep(self) -> None:
         self.notify(ReplayOnly("run a sweep").plain(), title="Replay", severity="warning")

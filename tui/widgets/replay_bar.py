@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from engine.replay import ReplayPosition
+if TYPE_CHECKING:
+    from engine.replay import ReplayPosition
 
 FILLED = "━"
 EMPTY = "─"

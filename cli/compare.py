@@ -1,0 +1,142 @@
+"""`kvscope bench --compare "FLAGS A" "FLAGS B"`: one sweep on two engine configs.
+
+Both run in this process, one after the other, with the engine stopped and started again
+between them, so the only difference is the flags. The output: both tables, then one
+table of B / A ratios per prompt length, and both configs overlaid in the charts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine.errors import BadOption, KvscopeError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from bench.sweep import SweepConfig, SweepResult
+
+# (field, header): the figures the ratio table compares.
+COMPARED = (
+    ("mean_ttft_ms", "mean TTFT"),
+    ("p99_ttft_ms", "p99 TTFT"),
+    ("median_itl_ms", "median ITL"),
+    ("p99_itl_ms", "p99 ITL"),
+    ("output_throughput", "out tok/s"),
+)
+
+
+def parse_configs(pair: list[str]) -> list[tuple[str, list[str]]]:
+    """[("A", flags), ("B", flags)] from the two quoted flag strings."""
+    out = []
+    for label, text in zip(("A", "B"), pair, strict=True):
+        try:
+            out.append((label, shlex.split(text)))
+        except ValueError as exc:
+            raise BadOption(f"--compare config {label}", f"{text!r}: {exc}") from exc
+    return out
+
+
+def run_compare(
+    args: argparse.Namespace, config: SweepConfig, engine_argv: list[str]
+) -> dict[str, SweepResult]:
+    """Measure each config on a fresh engine; a bad flag names the config it came from."""
+    from bench.sweep import SweepResult
+    from cli.bench import check_output_len, measure
+    from cli.launch import running_engine
+    from engine.vllm.options import build_engine_settings
+
+    configs = parse_configs(args.compare)
+    # Both configs' flags are checked before either engine starts: a typo in B must not
+    # cost the whole of A's sweep first.
+    for label, flags in configs:
+        try:
+            build_engine_settings([*engine_argv, *flags], prepare=False)
+        except KvscopeError as exc:
+            raise BadOption(f"--compare config {label} ({' '.join(flags)})", exc.plain()) from exc
+    results: dict[str, SweepResult] = {}
+    for label, flags in configs:
+        argv = [*engine_argv, *flags]
+        print(f"kvscope: config {label}: {' '.join(flags) or '(defaults)'}", file=sys.stderr)
+        result = SweepResult(config, complete=False)
+        try:
+            with running_engine(
+                argv, check=lambda ns: check_output_len(config, ns.max_model_len)
+            ) as engine:
+                measure(engine, config, result, [], hardware=None)
+        except KvscopeError as exc:
+            raise BadOption(f"--compare config {label} ({' '.join(flags)})", exc.plain()) from exc
+        results[label] = result
+    return results
+
+
+def ratio_table(results: dict[str, SweepResult], console: Console) -> None:
+    a, b = results["A"], results["B"]
+    table = Table(title="B / A, per prompt length (below 1: B is faster)", title_justify="left")
+    table.add_column("prompt", justify="right")
+    for _, header in COMPARED:
+        table.add_column(header, justify="right")
+    b_points = {p.prompt_len: p for p in b.points}
+    for pa in a.points:
+        pb = b_points.get(pa.prompt_len)
+        cells = []
+        for key, _ in COMPARED:
+            va = pa.value(key)
+            vb = pb.value(key) if pb is not None else None
+            cells.append(f"{vb / va:.2f}x" if va and vb is not None else "-")
+        table.add_row(f"{pa.prompt_len:,}", *cells)
+    console.print(table)
+
+
+def overlay_charts(results: dict[str, SweepResult], flags: list[str], width: int = 100) -> str:
+    import plotext as plt
+
+    out = []
+    for key, title in (("mean_ttft_ms", "TTFT (ms)"), ("median_itl_ms", "median ITL (ms)")):
+        plt.clf()
+        plt.plotsize(width, 14)
+        plt.theme("clear")
+        for (label, result), marker, text in zip(
+            results.items(), ("braille", "x"), flags, strict=True
+        ):
+            ok = [p for p in result.points if p.ok]
+            plt.plot(
+                [p.prompt_len for p in ok],
+                [p.value(key) or 0.0 for p in ok],
+                marker=marker,
+                label=f"{label}: {text}",
+            )
+        plt.title(f"{title} vs prompt length, A and B")
+        plt.ylim(0, None)
+        out.append(plt.build())
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
+
+
+def report_compare(
+    results: dict[str, SweepResult], args: argparse.Namespace, json_path: str | None
+) -> int:
+    from cli.bench import render_summary
+
+    console = Console(file=sys.stdout, width=120)
+    for label, text in zip(("A", "B"), args.compare, strict=True):
+        console.print(f"[bold]config {label}[/]: {text or '(defaults)'}")
+        render_summary(results[label], console)
+    ratio_table(results, console)
+    console.file.write(overlay_charts(results, list(args.compare)) + "\n")
+    if json_path:
+        data: dict[str, Any] = {
+            "compare": {
+                label: {"flags": text, **results[label].to_dict()}
+                for label, text in zip(("A", "B"), args.compare, strict=True)
+            }
+        }
+        Path(json_path).write_text(json.dumps(data, indent=2))
+    return 0
