@@ -47,6 +47,8 @@ examples:
   kvscope generate --prompt-tokens 512 --max-tokens 32 --json
   kvscope bench --prompt-lens 512,1024,2048,4096 --runs 3
   kvscope --resume                          go on with the last session's chat
+  kvscope --url http://127.0.0.1:8000       attach to a running vLLM server
+  kvscope bench --compare "--max-num-batched-tokens 256" "--max-num-batched-tokens 2048"
   kvscope replay docs/tapes/kv-pool-preemption.jsonl
 """
 
