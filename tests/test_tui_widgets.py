@@ -327,9 +327,18 @@ def test_envelope_keeps_spikes() -> None:
     ys = [1.0] * 1000
     ys[567] = 50.0
     ex, ey = envelope(xs, ys, 40)
-    assert len(ex) == 40
+    assert len(ex) <= 41
     assert max(ey) == 50.0
     assert 567.0 in ex
+
+
+def test_envelope_ends_at_the_value_now() -> None:
+    # A full pool for a while, then the last request ends and the idle sample says 0 %:
+    # squeezed into few columns, the line must still end at 0, not at the last maximum.
+    xs = [float(i) for i in range(1000)]
+    ys = [75.0] * 999 + [0.0]
+    ex, ey = envelope(xs, ys, 40)
+    assert (ex[-1], ey[-1]) == (999.0, 0.0)
 
 
 def test_plot_builds_in_the_given_size_and_colours() -> None:

@@ -76,10 +76,13 @@ class PlotJob:
 def envelope(
     xs: Sequence[float], ys: Sequence[float], buckets: int
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """At most `buckets` points, keeping the highest of each run of neighbours.
+    """At most `buckets` points (one more for the last), keeping the highest of each run of
+    neighbours, and always the last point.
 
     The maximum, not the mean, so that a single stalled token still shows as a spike
-    after thousands of tokens are squeezed into a few dozen columns.
+    after thousands of tokens are squeezed into a few dozen columns. The last point, so
+    that a line ends at the value it has now: the pool emptied by the last request's end
+    must not hide behind the full pool of the step just before it.
     """
     n = len(xs)
     if n <= buckets or buckets <= 0:
@@ -92,6 +95,9 @@ def envelope(
         best = max(range(lo, hi), key=ys.__getitem__)
         out_x.append(xs[best])
         out_y.append(ys[best])
+    if out_x[-1] != xs[-1] or out_y[-1] != ys[-1]:
+        out_x.append(xs[-1])
+        out_y.append(ys[-1])
     return tuple(out_x), tuple(out_y)
 
 
