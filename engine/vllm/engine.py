@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engine.anatomy import AnatomyClock
 from engine.errors import (
     EngineDied,
     KvscopeError,
@@ -47,7 +48,6 @@ from engine.events import (
     StepListener,
     StepSample,
     TokenEvent,
-    TtftAnatomy,
     VllmTimings,
 )
 from engine.listeners import StepListeners
@@ -74,58 +74,11 @@ class _Live:
     internal_id: str = ""
     vllm_stats: Any = None  # vLLM's RequestStateStats for this request
     vllm_token_ts: list[float] = field(default_factory=list)
-    anatomy: _AnatomyClock | None = None
+    anatomy: AnatomyClock | None = None
     output_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
     preemptions: int = 0
     done: bool = False
-
-
-@dataclass
-class _AnatomyClock:
-    """Books every moment from stream() to the first token into one TTFT part."""
-
-    cursor: float  # everything before this is booked
-    scheduled: bool = False
-    preempted: bool = False
-    queue_s: float = 0.0
-    prefill_s: float = 0.0
-    chunks: int = 0
-    others_s: float = 0.0
-    preempted_s: float = 0.0
-
-    def _idle(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        if self.preempted:
-            self.preempted_s += seconds
-        elif self.scheduled:
-            self.others_s += seconds
-        else:
-            self.queue_s += seconds
-
-    def step(self, started: float, ended: float, own: int, total: int, preempted: bool) -> None:
-        self._idle(started - self.cursor)
-        # A preemption happens as this step is scheduled: the step is already lost time.
-        self.preempted = self.preempted or preempted
-        duration = ended - started
-        if own > 0:
-            mine = duration * own / max(total, 1)
-            if self.preempted:
-                self.preempted_s += mine  # recompute: work lost to the preemption
-            else:
-                self.prefill_s += mine
-                self.chunks += 1
-            self.others_s += duration - mine
-            self.scheduled = True
-        else:
-            self._idle(duration)
-        self.cursor = ended
-
-    def result(self) -> TtftAnatomy:
-        return TtftAnatomy(
-            self.queue_s, self.prefill_s, self.chunks, self.others_s, self.preempted_s
-        )
 
 
 class _Outbox:
@@ -619,7 +572,7 @@ class VllmEngine:
         live = _Live(
             request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, submitted_wall
         )
-        live.anatomy = _AnatomyClock(cursor=submitted_at)
+        live.anatomy = AnatomyClock(cursor=submitted_at)
         with self._gate:
             if self._dead:
                 raise EngineDied(self._dead)
