@@ -172,9 +172,6 @@ class EnginePanel(Vertical):
     def block_map(self) -> KvBlockMap:
         return self.query_one(KvBlockMap)
 
-    def plots(self) -> list[Plot]:
-        return list(self.query(Plot))
-
     def status_text(self) -> str:
         """The status line as shown (for tests and the demo)."""
         return str(self.query_one("#engine-step", Static).render())

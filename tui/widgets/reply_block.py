@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.table import Table
@@ -123,9 +123,7 @@ class ReplySummary:
     """What the screen needs once a reply is over."""
 
     text: str
-    aborted: bool
     failed: bool
-    copies: list[CopyState] = field(default_factory=list)
 
 
 def _num_ms(seconds: float | None) -> str:
@@ -337,9 +335,7 @@ class ReplyBlock(Vertical):
             self.remove_class("-streaming")
 
     def summary(self) -> ReplySummary:
-        p = self.primary
-        aborted = p.finished is not None and p.finished.reason == "abort"
-        return ReplySummary(self.text, aborted, p.error is not None, list(self.copies))
+        return ReplySummary(self.text, self.primary.error is not None)
 
     def where(self, copy: CopyState) -> RequestStatus:
         """Where a copy is, in the one vocabulary (see tui/request_status.py)."""
