@@ -531,7 +531,12 @@ class SweepScreen(Screen[None]):
     def action_export(self, kind: str) -> None:
         result = self.result()
         if result is None:
-            self._status("Nothing to export yet: run a sweep first.", error=True)
+            why = (
+                "no prompt length has finished all its runs yet"
+                if self.running
+                else "run a sweep first"
+            )
+            self._status(f"Nothing to export yet: {why}.", error=True)
             return
         base = self.query_one("#export-path", Input).value.strip() or "kvscope-sweep"
         path = Path(base).expanduser().with_suffix(f".{kind}")
