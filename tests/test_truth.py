@@ -169,3 +169,39 @@ async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine)
     assert long.ttft_s is not None
     assert parts.others_s > 0
     assert parts.total_s == pytest.approx(long.ttft_s, abs=1e-6)
+
+
+async def test_preemption_is_seen_and_its_recompute_counts_as_prefill(
+    vllm_engine: Engine,
+) -> None:
+    """More copies than the pool holds: vLLM preempts one, and when it comes back its
+    recompute of prompt *and* earlier output is prefill work in the step samples."""
+    card = vllm_engine.card
+    assert card is not None
+    samples: list[StepSample] = []
+    remove = vllm_engine.add_step_listener(samples.append)
+    # Each copy ends at 1,400 + 200 tokens: 13 blocks of 128; 6 of them need 78 of 44.
+    try:
+        results = await asyncio.gather(
+            *(_run(vllm_engine, f"pre-{i}", 1400, 200, seed=360 + i) for i in range(6))
+        )
+    finally:
+        remove()
+    assert sum(r.preemptions for r in results) > 0
+    preempted_at = {
+        rid: s.step for s in samples for rid in s.preempted_ids if rid.startswith("pre-")
+    }
+    assert preempted_at
+    rid, step = next(iter(preempted_at.items()))
+    # Scheduled again after the preemption, it recomputes its prompt (what the prefix
+    # cache no longer holds) and the output it had made: all of it prefill, none decode.
+    back = [
+        w
+        for s in samples
+        if s.step > step
+        for w in s.work
+        if w.request_id == rid and w.prefill_tokens
+    ]
+    assert back
+    assert back[0].decode_tokens == 0
+    assert back[0].prefill_tokens > 1
