@@ -23,6 +23,8 @@ from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 from engine.stats import summarize_ms
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from engine.protocol import Engine
 
 # Predicted floors for a prompt length: (ttft_floor_s, itl_floor_s).
@@ -168,28 +170,53 @@ class SweepResult:
 
     @classmethod
     def from_json(cls, text: str) -> SweepResult:
-        data = json.loads(text)
-        cfg = data["config"]
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "the file") -> SweepResult:
+        """The result `to_dict` wrote; a ValueError names the first key that is missing
+        or holds the wrong kind of value (`where` says whose keys, in that sentence)."""
+        cfg = _key(data, "config", where, dict)
+        in_cfg = f'{where}\'s "config"'
+
+        def whole(key: str) -> int:
+            return _whole(_key(cfg, key, in_cfg), f'{in_cfg} has "{key}"')
+
         config = SweepConfig(
-            prompt_lens=tuple(cfg["prompt_lens"]),
-            output_len=cfg["output_len"],
-            runs=cfg["runs"],
-            warmup=cfg["warmup"],
-            concurrency=cfg["concurrency"],
+            prompt_lens=tuple(
+                _whole(n, f'{in_cfg} has a "prompt_lens" entry')
+                for n in _key(cfg, "prompt_lens", in_cfg, list)
+            ),
+            output_len=whole("output_len"),
+            runs=whole("runs"),
+            warmup=whole("warmup"),
+            concurrency=whole("concurrency"),
         )
         points = []
-        for p in data["points"]:
+        for n, p in enumerate(_key(data, "points", where, list), 1):
+            at = f"point {n} of {where}"
+            ok = _key(p, "ok", at, bool)
+            if ok:
+                for name in _METRIC_NAMES & p.keys():
+                    value = p[name]
+                    if value not in ("", None) and not _is_number(value):
+                        raise ValueError(f'{at} has "{name}": {value!r}, not a number')
             points.append(
                 SweepPoint(
-                    p["prompt_len"],
-                    bool(p["ok"]),
-                    p["error"] or None,
-                    SweepMetrics.from_dict(p) if p["ok"] else None,
+                    _whole(_key(p, "prompt_len", at), f'{at} has "prompt_len"'),
+                    ok,
+                    p.get("error") or None,
+                    SweepMetrics.from_dict(p) if ok else None,
                     tuple(p.get("requests", ())),
                 )
             )
+        model, hardware = data.get("model"), data.get("hardware")
         return cls(
-            config, points, data.get("model"), data.get("hardware"), data.get("complete", True)
+            config,
+            points,
+            model if isinstance(model, dict) else None,
+            hardware if isinstance(hardware, dict) else None,
+            bool(data.get("complete", True)),
         )
 
     def to_csv(self) -> str:
@@ -216,6 +243,119 @@ class SweepResult:
                     row[k] = float(v) if v != "" else None
             rows.append(row)
         return rows
+
+
+_METRIC_NAMES = frozenset(f.name for f in fields(SweepMetrics))
+
+
+def _key(data: Any, key: str, where: str, kind: type | None = None) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    if key not in data:
+        raise ValueError(f'{where} has no "{key}" key')
+    value = data[key]
+    if kind is not None and not isinstance(value, kind):
+        what = {dict: "an object", list: "a list", bool: "true or false"}.get(kind, kind.__name__)
+        raise ValueError(f'{where} has "{key}": {value!r}, not {what}')
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _whole(value: Any, what: str) -> int:
+    """`value` as a whole number; `what` says where it was ('point 2 has "prompt_len"')."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r}, not a whole number")
+    return value
+
+
+@dataclass(frozen=True)
+class SavedSweep:
+    """One engine config's sweep, read back from a file."""
+
+    label: str
+    """"" for a plain sweep file; "A" or "B" for a `bench --compare` file."""
+    result: SweepResult
+    flags: str | None = None
+    """The config's engine flags, from a compare file ("" for the defaults)."""
+
+
+class SweepFileError(KvscopeError):
+    """A saved sweep that cannot be read back: the file, and why in plain words."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(path, why)
+        self.path = path
+        self.why = why
+
+    def plain(self) -> str:
+        return f"Cannot load {self.path}: {self.why}."
+
+
+def saved_sweeps_from_json(text: str) -> list[SavedSweep]:
+    """The sweeps in what `bench --json` (or the sweep screen's export) wrote: one
+    SweepResult, or `bench --compare`'s {"compare": {"A": {"flags": ..., ...}, "B": ...}}.
+
+    Raises ValueError in words: not JSON, or the key that is missing.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"it is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    try:
+        if isinstance(data, dict) and "compare" in data:
+            configs = _key(data, "compare", "the file", dict)
+            if not configs:
+                raise ValueError('the file\'s "compare" holds no config')
+            saved = []
+            for label, body in configs.items():
+                where = f"config {label}"
+                result = SweepResult.from_dict(body, where)
+                flags = body.get("flags")
+                saved.append(
+                    SavedSweep(str(label), result, flags if isinstance(flags, str) else "")
+                )
+            return saved
+        return [SavedSweep("", SweepResult.from_dict(data))]
+    except ValueError as exc:
+        raise ValueError(f"it is not a sweep result: {exc}") from None
+
+
+def load_saved_sweeps(path: Path) -> list[SavedSweep]:
+    """Read a saved sweep (see `saved_sweeps_from_json`) to compare against; a file
+    without one measured point has nothing to compare, and says so.
+
+    Raises SweepFileError, whose `plain()` is one sentence naming the file.
+    """
+    name = str(path)
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        raise SweepFileError(name, "there is no such file") from None
+    except IsADirectoryError:
+        raise SweepFileError(name, "it is a folder, not a file") from None
+    except UnicodeDecodeError:
+        raise SweepFileError(name, "it is not JSON (not even text)") from None
+    except OSError as exc:
+        raise SweepFileError(name, exc.strerror or str(exc)) from None
+    try:
+        saved = saved_sweeps_from_json(text)
+    except ValueError as exc:
+        raise SweepFileError(name, str(exc)) from None
+    points = [p for s in saved for p in s.result.points]
+    if not any(p.ok and p.metrics is not None for p in points):
+        if not points:
+            why = "it holds no measured point (its list of points is empty)"
+        elif len(points) == 1:
+            why = "it holds no measured point (its one prompt length failed)"
+        else:
+            why = f"it holds no measured point (all {len(points)} prompt lengths failed)"
+        raise SweepFileError(name, why)
+    return saved
 
 
 def make_floors(model_path: str, hardware: str, output_len: int) -> tuple[FloorFn, dict[str, Any]]:

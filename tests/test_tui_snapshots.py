@@ -9,6 +9,7 @@ Update with `pytest tests/test_tui_snapshots.py --snapshot-update`, then look at
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
@@ -27,9 +28,11 @@ from tui_helpers import (
 
 from engine.fake import FakeConfig
 from tui.app import KvscopeApp
+from tui.widgets.plot import Plot
 
 __all__ = ["tui_config_dir"]
 
+SWEEP_COMPARE = Path(__file__).parent / "fixtures" / "sweep" / "compare.json"
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
 Before = Callable[[Pilot[int]], Awaitable[None]]
 
@@ -98,6 +101,25 @@ async def _after_the_series(pilot: Pilot[int]) -> None:
     await settle(pilot)
 
 
+async def _sweep_with_a_compare_file(pilot: Pilot[int]) -> None:
+    """The sweep screen before any run, with a `bench --compare` file loaded (F9)."""
+    from textual.widgets import Input
+
+    from tui.screens.sweep import SweepScreen
+
+    await engine_ready(pilot)
+    await pilot.press("f5")
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, SweepScreen)
+    # Relative to the test's working folder: no machine's own path in the SVG.
+    screen.query_one("#load-path", Input).value = SWEEP_COMPARE.name
+    await pilot.press("f9")
+    await wait_until(pilot, lambda: screen.overlay is not None)
+    await wait_until(pilot, lambda: screen.query_one("#sweep-itl", Plot).has_drawing)
+    await settle(pilot)
+
+
 async def _help(pilot: Pilot[int]) -> None:
     await engine_ready(pilot)
     await pilot.press("f1")
@@ -138,3 +160,9 @@ def test_latency_plot_after_the_512_to_4096_series(snap_compare, size: tuple[int
 @pytest.mark.parametrize("size", SIZES)
 def test_help_screen(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(make_app(), terminal_size=size, run_before=_help)
+
+
+def test_sweep_screen_with_a_saved_compare_file(snap_compare, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Both configs' points in both charts (◆ A, ◇ B), their legend, and the keys.
+    monkeypatch.chdir(SWEEP_COMPARE.parent)
+    assert snap_compare(make_app(), terminal_size=(160, 48), run_before=_sweep_with_a_compare_file)

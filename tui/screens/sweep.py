@@ -17,7 +17,15 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Header, Input, Label, ProgressBar, Static
 
-from bench.sweep import SweepConfig, SweepPoint, SweepResult, floors_for_card, run_sweep
+from bench.sweep import (
+    SweepConfig,
+    SweepFileError,
+    SweepPoint,
+    SweepResult,
+    floors_for_card,
+    load_saved_sweeps,
+    run_sweep,
+)
 from engine.errors import KvscopeError
 from engine.events import (
     ChatMessage,
@@ -32,6 +40,7 @@ from engine.stats import percentile
 from tui import axes
 from tui import format as fmt
 from tui.plotting import Figure, PlotRenderer, Series
+from tui.sweep_overlay import Overlay, overlay_series, overlay_text
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:
@@ -80,14 +89,20 @@ FLOOR_MARK = "▫"
 
 
 def sweep_figures(
-    points: list[SweepPoint], runs: list[RunPoint] | None = None, columns: int = 60, rows: int = 10
+    points: list[SweepPoint],
+    runs: list[RunPoint] | None = None,
+    columns: int = 60,
+    rows: int = 10,
+    overlay: Overlay | None = None,
 ) -> tuple[Figure | None, Figure | None]:
     """(TTFT vs prompt length, ITL vs prompt length): each run's requests as they finish,
-    the means and medians of the lengths done, and the roofline floors. Measured and floor
-    never share a glyph."""
+    a loaded sweep's mean TTFT and median ITL (`overlay`), the means and medians of the
+    lengths done, and the roofline floors. No two of these share a glyph."""
     runs = runs or []
     good = sorted((p for p in points if p.ok and p.metrics), key=lambda p: p.prompt_len)
-    if not good and not runs:
+    saved_ttft = overlay_series(overlay, "mean_ttft_ms")
+    saved_itl = overlay_series(overlay, "median_itl_ms")
+    if not good and not runs and not saved_ttft and not saved_itl:
         return None, None
     xs = tuple(float(p.prompt_len) for p in good)
 
@@ -114,6 +129,8 @@ def sweep_figures(
         s
         for s in (
             run_series([(r.prompt_len, r.ttft_ms) for r in runs], "series"),
+            # Under the live means: where both fall on one cell, the live run shows.
+            *saved_ttft,
             series("mean_ttft_ms", "series", MEASURED_MARK, "scatter"),
             series("ttft_floor_ms", "p50", FLOOR_MARK, "scatter"),
         )
@@ -126,13 +143,15 @@ def sweep_figures(
                 [(r.prompt_len, r.median_itl_ms) for r in runs if r.median_itl_ms is not None],
                 "series-alt",
             ),
+            *saved_itl,
             series("median_itl_ms", "series-alt", MEASURED_MARK, "scatter"),
             series("p99_itl_ms", "p99", MEASURED_MARK, "scatter"),
             series("itl_floor_ms", "p50", FLOOR_MARK, "scatter"),
         )
         if s
     ]
-    right = max([*xs, *(float(r.prompt_len) for r in runs)], default=1.0) * 1.05
+    saved_xs = [x for s in (*saved_ttft, *saved_itl) for x in s.xs]
+    right = max([*xs, *(float(r.prompt_len) for r in runs), *saved_xs], default=1.0) * 1.05
 
     def figure(all_series: list[Series]) -> Figure | None:
         if not all_series:
@@ -235,6 +254,7 @@ class SweepScreen(Screen[None]):
         Binding("f6", "run", "Run / stop"),
         Binding("f7", "export('json')", "Export JSON"),
         Binding("f8", "export('csv')", "Export CSV"),
+        Binding("f9", "load", "Load JSON"),
     ]
 
     running: reactive[bool] = reactive(False)
@@ -268,6 +288,8 @@ class SweepScreen(Screen[None]):
         self._total_units = 0
         self._unit_started = 0.0
         self._unit_times: list[tuple[int, float]] = []  # (prompt length, seconds) per run
+        self.overlay: Overlay | None = None
+        """A saved sweep loaded to compare with (F9), drawn under the live points."""
 
     def compose(self) -> ComposeResult:
         card = self.engine.card
@@ -306,6 +328,15 @@ class SweepScreen(Screen[None]):
                 with Horizontal(id="export-buttons"):
                     yield Button("JSON (F7)", id="export-json", compact=True)
                     yield Button("CSV (F8)", id="export-csv", compact=True)
+                with Horizontal(classes="field", id="load-field"):
+                    yield Label("compare with", classes="field-label")
+                    yield Input(
+                        "kvscope-sweep.json",
+                        id="load-path",
+                        placeholder="a saved sweep .json",
+                        compact=True,
+                    )
+                yield Button("Load JSON (F9)", id="load", compact=True)
             with Vertical(id="sweep-results"):
                 with Vertical(classes="box", id="sweep-ttft-box") as box:
                     box.border_title = "TTFT vs prompt tokens"
@@ -315,6 +346,7 @@ class SweepScreen(Screen[None]):
                     box.border_title = "ITL vs prompt tokens · median, p99"
                     box.border_subtitle = KEY_ITL
                     yield Plot("points appear as they are measured", id="sweep-itl")
+                yield Static("", id="sweep-overlay")
                 yield DataTable(id="sweep-table", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
@@ -336,6 +368,7 @@ class SweepScreen(Screen[None]):
         blink = getattr(getattr(self.app, "settings", None), "cursor_blink", True)
         for field in self.query(Input):
             field.cursor_blink = blink
+        self._show_overlay()
         self._status("Set the lengths and press F6 (or Run sweep).")
 
     # -- running ---------------------------------------------------------------------------
@@ -388,6 +421,7 @@ class SweepScreen(Screen[None]):
         self._unit_started = time.monotonic()
         self._version += 1
         self.query_one(DataTable).clear()
+        self._show_overlay()
         self.running = True
         self._status("Running…")
         if self.has_class("-narrow"):
@@ -456,6 +490,7 @@ class SweepScreen(Screen[None]):
             f("itl_pct_of_floor"),
             result,
         )
+        self._show_overlay()
 
     def on_sweep_screen_progress_made(self, message: ProgressMade) -> None:
         bar = self.query_one(ProgressBar)
@@ -507,7 +542,7 @@ class SweepScreen(Screen[None]):
         ttft_plot = self.query_one("#sweep-ttft", Plot)
         itl_plot = self.query_one("#sweep-itl", Plot)
         width, height = ttft_plot.content_size
-        ttft, itl = sweep_figures(self.points, self.runs, width, height)
+        ttft, itl = sweep_figures(self.points, self.runs, width, height, self.overlay)
         plots = [(ttft_plot, ttft), (itl_plot, itl)]
         for plot, figure in plots:
             plot.set_figure(figure, self._version)
@@ -546,6 +581,62 @@ class SweepScreen(Screen[None]):
             self._status(f"Could not write {path}: {exc.strerror or exc}", error=True)
             return
         self._status(f"Wrote {len(result.points)} points to {path.resolve()}")
+
+    # -- a saved sweep to compare with ---------------------------------------------------
+    def action_load(self) -> None:
+        raw = self.query_one("#load-path", Input).value.strip()
+        if not raw:
+            self._status("Give the path of a saved sweep (.json) to compare with.", error=True)
+            return
+        self._load(Path(raw).expanduser())
+
+    @work(group="load", exclusive=True, exit_on_error=False)
+    async def _load(self, path: Path) -> None:
+        # On an error the status says why, and everything on the screen stays as it was.
+        try:
+            sweeps = await asyncio.to_thread(load_saved_sweeps, path)
+        except SweepFileError as exc:
+            self._status(exc.plain(), error=True)
+            return
+        except Exception as exc:
+            self._status(f"Cannot load {path}: {type(exc).__name__}: {exc}", error=True)
+            return
+        overlay = self.overlay = Overlay(path, tuple(sweeps))
+        self._version += 1
+        self._show_overlay()
+        lengths = {p.prompt_len for s in sweeps for p in s.result.points if p.ok}
+        configs = f"configs {' and '.join(s.label for s in sweeps)}, " if overlay.is_compare else ""
+        marks = " and ".join(mark for mark, _ in overlay.marked())
+        self._status(
+            f"Loaded {path.name}: {configs}{fmt.count(len(lengths), 'prompt length')}, "
+            f"drawn as {marks}."
+        )
+        if self.has_class("-narrow"):
+            # One column at 80x24: the charts and the legend are below the form.
+            body = self.query_one("#sweep-body", ScrollableContainer)
+            body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
+
+    def _show_overlay(self) -> None:
+        """The loaded sweep's legend and ratios, and its glyphs in the charts' keys."""
+        legend = self.query_one("#sweep-overlay", Static)
+        overlay = self.overlay
+        legend.display = overlay is not None
+        ttft_box = self.query_one("#sweep-ttft-box")
+        itl_box = self.query_one("#sweep-itl-box")
+        if overlay is None:
+            ttft_box.border_subtitle, itl_box.border_subtitle = KEY, KEY_ITL
+            return
+        legend.update(overlay_text(overlay, self.points, self.config))
+        ttft_box.border_subtitle = f"{KEY}  {overlay.key()}"
+        itl_box.border_subtitle = f"{KEY_ITL}  {overlay.key()}"
+
+    @on(Button.Pressed, "#load")
+    def _load_pressed(self) -> None:
+        self.action_load()
+
+    @on(Input.Submitted, "#load-path")
+    def _load_submitted(self) -> None:
+        self.action_load()
 
     @on(Button.Pressed, "#run")
     def _run_pressed(self) -> None:

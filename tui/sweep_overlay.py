@@ -1,0 +1,171 @@
+"""A saved sweep drawn over the live one (A/B runs): its points in both charts, what it
+was, and the live / saved ratio at each prompt length both have measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual.content import Content
+from textual.markup import escape
+
+from tui import format as fmt
+from tui.plotting import Series
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from bench.sweep import SavedSweep, SweepConfig, SweepPoint
+
+OVERLAY_ROLE = "p90"
+"""The theme's warning colour: no series of the live sweep uses it."""
+OVERLAY_STYLE = "$warning"
+"""The colour the Plot gives OVERLAY_ROLE, for the keys written in text."""
+OVERLAY_MARKS = ("◆", "◇", "+", "×")
+"""One glyph per saved config (a compare file has two), none shared with the live run's."""
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """The sweeps of one loaded file, each drawn with its own glyph."""
+
+    path: Path
+    sweeps: tuple[SavedSweep, ...]
+
+    def marked(self) -> list[tuple[str, SavedSweep]]:
+        return [(OVERLAY_MARKS[i % len(OVERLAY_MARKS)], s) for i, s in enumerate(self.sweeps)]
+
+    @property
+    def is_compare(self) -> bool:
+        return any(s.label for s in self.sweeps)
+
+    def key(self) -> str:
+        """For a chart's key: "[$warning]◆[/] loaded", or one entry per compare config."""
+        if not self.is_compare:
+            return f"[{OVERLAY_STYLE}]{OVERLAY_MARKS[0]}[/] loaded"
+        # A label is a key of the file's JSON: escaped, so a "[" in it is not markup.
+        return "  ".join(
+            f"[{OVERLAY_STYLE}]{mark}[/] {escape(s.label)}" for mark, s in self.marked()
+        )
+
+
+def _good(points: Sequence[SweepPoint], key: str) -> list[tuple[int, float]]:
+    return sorted((p.prompt_len, v) for p in points if p.ok and (v := p.value(key)) is not None)
+
+
+def overlay_series(overlay: Overlay | None, key: str) -> list[Series]:
+    """One scatter per saved config of figure `key` ("mean_ttft_ms", "median_itl_ms")."""
+    if overlay is None:
+        return []
+    out = []
+    for mark, saved in overlay.marked():
+        good = _good(saved.result.points, key)
+        if good:
+            out.append(
+                Series(
+                    tuple(float(n) for n, _ in good),
+                    tuple(v for _, v in good),
+                    role=OVERLAY_ROLE,
+                    kind="scatter",
+                    marker=mark,
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Live / saved at one prompt length (None where the saved figure is zero)."""
+
+    prompt_len: int
+    ttft: float | None
+    """Mean TTFT, live over saved."""
+    itl: float | None
+    """Median ITL, live over saved."""
+
+
+def _over(live: float | None, saved: float | None) -> float | None:
+    return live / saved if live is not None and saved else None
+
+
+def ratios(live: Sequence[SweepPoint], saved: SavedSweep) -> list[Ratio]:
+    """Live / saved, for every prompt length measured in both (live order, by length)."""
+    theirs = {p.prompt_len: p for p in saved.result.points if p.ok and p.metrics is not None}
+    out = []
+    for p in sorted((p for p in live if p.ok), key=lambda p: p.prompt_len):
+        q = theirs.get(p.prompt_len)
+        if q is not None:
+            out.append(
+                Ratio(
+                    p.prompt_len,
+                    _over(p.value("mean_ttft_ms"), q.value("mean_ttft_ms")),
+                    _over(p.value("median_itl_ms"), q.value("median_itl_ms")),
+                )
+            )
+    return out
+
+
+def describe(saved: SavedSweep) -> str:
+    """What was measured: "config A: --max-num-batched-tokens 256 · Qwen… · 32 output
+    tokens · 1 run a length · 4 at once"."""
+    result = saved.result
+    config = result.config
+    parts = []
+    if saved.label:
+        parts.append(f"config {saved.label}: {saved.flags or '(default flags)'}")
+    model = (result.model or {}).get("name")
+    if isinstance(model, str) and model:
+        parts.append(model)
+    parts.append(fmt.count(config.output_len, "output token"))
+    parts.append(f"{fmt.count(config.runs, 'run')} a length")
+    parts.append(f"{config.concurrency} at once")
+    if not result.complete:
+        parts.append("partial: the sweep was stopped")
+    return " · ".join(parts)
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "–"
+
+
+def ratio_line(
+    live: Sequence[SweepPoint], live_config: SweepConfig | None, saved: SavedSweep, mark: str
+) -> str:
+    """ "live / ◆  64 tok: TTFT 1.02x, ITL 0.98x · 128 tok: …", or why there is none yet."""
+    head = f"live / {mark}"
+    if not any(p.ok for p in live):
+        return f"{head}: run a sweep to compare (mean TTFT and median ITL at each length)"
+    rows = ratios(live, saved)
+    if not rows:
+        theirs = ", ".join(f"{n:,}" for n, _ in _good(saved.result.points, "mean_ttft_ms"))
+        return f"{head}: no prompt length in common yet (saved: {theirs})"
+    cells = " · ".join(f"{r.prompt_len:,} tok: TTFT {_x(r.ttft)}, ITL {_x(r.itl)}" for r in rows)
+    line = f"{head}  {cells}"
+    if live_config is not None and live_config.output_len != saved.result.config.output_len:
+        # The median token sits at a different context length: ITL is not like for like.
+        line += (
+            f"  (output lengths differ: {live_config.output_len:,} live,"
+            f" {saved.result.config.output_len:,} saved)"
+        )
+    return line
+
+
+def overlay_text(
+    overlay: Overlay, live: Sequence[SweepPoint], live_config: SweepConfig | None
+) -> Content:
+    """The overlay's legend: the file, each config it holds, and the ratios to the live run."""
+    labels = ", ".join(s.label for s in overlay.sweeps)
+    if not overlay.is_compare:
+        what = "a saved sweep"
+    elif len(overlay.sweeps) == 2:
+        what = f"both configs ({labels}) of a bench --compare file"
+    else:
+        what = f"{fmt.count(len(overlay.sweeps), 'config')} ({labels}) of a bench --compare file"
+    lines = [Content.from_markup("Overlaid: $name, $what", name=overlay.path.name, what=what)]
+    for mark, saved in overlay.marked():
+        lines.append(
+            Content.from_markup(f"[{OVERLAY_STYLE}]$mark[/] $text", mark=mark, text=describe(saved))
+        )
+        lines.append(Content(ratio_line(live, live_config, saved, mark)))
+    return Content("\n").join(lines)
