@@ -153,7 +153,7 @@ class PlotRenderer:
     async def draw(self, jobs: Sequence[PlotJob]) -> list[str]:
         out: list[str] = []
         for job in jobs:
+            await asyncio.sleep(0)  # let input and tokens through before each draw
             out.append(build_plot(job))
             self.draws += 1
-            await asyncio.sleep(0)  # let input and tokens through between two draws
         return out

@@ -14,6 +14,7 @@ from textual.widgets import Static
 from engine.events import EngineState, ModelCard, StepSample
 from tui import figures
 from tui import format as fmt
+from tui.widgets.box_titles import retitle
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
@@ -226,26 +227,31 @@ class EnginePanel(Vertical):
         if steps_changed and tel.latest is not None and not self.remote:
             # Every panel draws the same (latest) sample: no mixing of older state.
             self.block_map.show_sample(tel.latest)
+            # Each part of a redraw is a few milliseconds: the loop gets a turn between
+            # them (keys, tokens, the frame), so no single stretch blocks it for long.
+            await asyncio.sleep(0)
         if changed("kv", (steps, kv_plot.content_size)):
             width, height = kv_plot.content_size
             kv_plot.set_figure(figures.kv_figure(tel, width, height), steps)
             now = f" · now {tel.latest.kv_usage:.0%}" if tel.latest else ""
             preempted = f" · preemptions {tel.preemptions_total}" if tel.preemptions_total else ""
-            box = self.query_one("#kv-box")
-            box.border_title = f"KV usage % · last 60 s{now}{preempted}"
-            box.border_subtitle = _key(("$primary", "⣿", "used"), ("$error", "│", "preempted"))
+            retitle(
+                self.query_one("#kv-box"),
+                f"KV usage % · last 60 s{now}{preempted}",
+                _key(("$primary", "⣿", "used"), ("$error", "│", "preempted")),
+            )
         itl = tel.itl_version
         if changed("itl", (itl, itl_plot.content_size)):
             width, height = itl_plot.content_size
             figure, pct = figures.itl_figure(tel, width, height)
             itl_plot.set_figure(figure, (itl, tel.itl_request))
-            box = self.query_one("#itl-box")
-            box.border_title = (
+            retitle(
+                self.query_one("#itl-box"),
                 f"ITL per output token · {tel.itl_request}" + (f" · {pct.caption()}" if pct else "")
                 if tel.itl_request
-                else "ITL per output token"
+                else "ITL per output token",
+                ITL_KEY if pct else "",
             )
-            box.border_subtitle = ITL_KEY if pct else ""
         # After the ITL titles: in timeline mode (F6) the box shows the timeline's.
         self.query_one(LatencyBox).redraw()
         points = tel.points_version
@@ -253,10 +259,8 @@ class EnginePanel(Vertical):
             width, height = ttft_plot.content_size
             figure, summary = figures.latency_figure(tel, width, height, log_y=self.log_latency)
             ttft_plot.set_figure(figure, (points, self.log_latency))
-            box = self.query_one("#ttft-box")
             scale = " · log y" if self.log_latency else ""
             count = f" · {fmt.count(summary.requests, 'request')}" if summary.requests else ""
-            box.border_title = f"Latency vs prompt tokens{count}{scale}"
             entries = [
                 ("$primary", figures.TTFT_MARK, "TTFT"),
                 ("$accent", figures.ITL_MARK, "median ITL"),
@@ -268,7 +272,11 @@ class EnginePanel(Vertical):
                     else "queued"
                 )
                 entries.append(("$error", figures.QUEUED_MARK, words))
-            box.border_subtitle = _key(*entries) if summary.requests else ""
+            retitle(
+                self.query_one("#ttft-box"),
+                f"Latency vs prompt tokens{count}{scale}",
+                _key(*entries) if summary.requests else "",
+            )
         plots = [kv_plot, itl_plot, ttft_plot]
         jobs = [(plot, job) for plot in plots if (job := plot.job())]
         if not jobs:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
@@ -116,6 +116,7 @@ class KvBlockMap(Widget):
         requests = tuple(r for r in sample.blocks if r.request_id not in gone)
         width = max(1, self.content_size.width)
         height_before = self.get_content_height(Size(0, 0), Size(0, 0), width)
+        drawn = self._strips if self._render_key is not None else []
         self.total_blocks = sample.total_blocks
         self.block_size = sample.block_size
         self.requests = requests
@@ -129,7 +130,21 @@ class KvBlockMap(Widget):
         self._assign_colours(requests)
         # The legend grows and shrinks with the requests: only then is a re-layout needed.
         height_after = self.get_content_height(Size(0, 0), Size(0, 0), width)
-        self.refresh(layout=height_after != height_before)
+        if height_after != height_before or not drawn or not self.size.width:
+            self.refresh(layout=height_after != height_before)
+            return
+        # A step changes a few rows (the blocks a request just took, its legend entry):
+        # only those are drawn again, not the whole map and what it overlaps.
+        new = self._current_strips()
+        width = self.size.width
+        rows = range(max(len(drawn), len(new)))
+        changed = [
+            Region(0, y, width, 1)
+            for y in rows
+            if y >= len(drawn) or y >= len(new) or drawn[y] != new[y]
+        ]
+        if changed:
+            self.refresh(*changed)
 
     def _assign_colours(self, requests: tuple[RequestBlocks, ...]) -> None:
         # A request keeps its colour while it lives; colours of finished requests are
@@ -267,7 +282,7 @@ class KvBlockMap(Widget):
                 text.append(chunk, style)
         return text
 
-    def render_line(self, y: int) -> Strip:
+    def _current_strips(self) -> list[Strip]:
         width = self.size.width
         base = self.rich_style
         key = (self._version, width, base, self.placeholder)
@@ -280,9 +295,13 @@ class KvBlockMap(Widget):
                 for row in self._rows(max(1, width))
             ]
             self._render_key = key
-        if y < len(self._strips):
-            return self._strips[y]
-        return Strip.blank(width, base)
+        return self._strips
+
+    def render_line(self, y: int) -> Strip:
+        strips = self._current_strips()
+        if y < len(strips):
+            return strips[y]
+        return Strip.blank(self.size.width, self.rich_style)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 from textual.containers import Vertical
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Label, Static
 
 from engine.stats import percentile
 from tui import format as fmt
 from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
 from tui.telemetry import anatomy_parts
 from tui.widgets.field_line import SEPARATOR, FieldLine, pack
+from tui.widgets.live_markdown import LiveMarkdown
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class ReplyBlock(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(self.title, classes="reply-title")
-        yield Markdown(classes="reply-markdown")
+        yield LiveMarkdown(classes="reply-markdown")
         yield TokenLatencyView(self.tokens, classes="reply-latency")
         copies = Static("", classes="reply-copies")
         copies.display = len(self.copies) > 1
@@ -333,6 +334,7 @@ class ReplyBlock(Vertical):
         await self.tick()
         if self.done:
             self.remove_class("-streaming")
+            self.query_one(".reply-markdown", LiveMarkdown).settle()
 
     def summary(self) -> ReplySummary:
         return ReplySummary(self.text, self.primary.error is not None)
@@ -359,7 +361,7 @@ class ReplyBlock(Vertical):
         if self._latency_mode:
             self.query_one(TokenLatencyView).sync()
         if fresh:
-            await self.query_one(".reply-markdown", Markdown).append(fresh)
+            await self.query_one(".reply-markdown", LiveMarkdown).append_live(fresh)
 
     async def tick(self) -> None:
         """Show what arrived since the last tick; the screen's timer calls this ~15 times a

@@ -29,6 +29,7 @@ from textual.widgets import Static
 
 from tui import format as fmt
 from tui.telemetry import SegmentKind, Telemetry, TimelineRow, iter_window
+from tui.widgets.box_titles import retitle
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:
@@ -476,7 +477,6 @@ class LatencyBox(Vertical):
         self._kept_cursor: int | None = None
         self._spike_key: object = None  # what the spike line was last worded from
         self._spike_words = ""
-        self._key_shown: str | None = None
 
     def compose(self) -> ComposeResult:
         timeline = RequestTimeline(self.telemetry, id="request-timeline")
@@ -515,13 +515,7 @@ class LatencyBox(Vertical):
             timeline = self.timeline
             if timeline.changed():
                 timeline.refresh()
-            layout = timeline.layout_now()
-            if self.border_title != layout.title:
-                self.border_title = layout.title
-            # Read back, the key is in Textual's own markup: compare with that form.
-            if self._key_shown is None or self.border_subtitle != self._key_shown:
-                self.border_subtitle = KEY
-                self._key_shown = self.border_subtitle
+            retitle(self, timeline.layout_now().title, KEY)
         self._show_spike()
 
     def _show_spike(self) -> None:
