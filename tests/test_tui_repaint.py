@@ -18,7 +18,13 @@ from textual.widgets import Markdown, Static
 from engine.events import RequestBlocks, StepSample
 from tui.widgets.box_titles import retitle
 from tui.widgets.kv_block_map import KvBlockMap
-from tui.widgets.live_markdown import RESERVE_LINES, LiveMarkdown, LiveParagraph
+from tui.widgets.live_markdown import (
+    MIN_SPARE,
+    RESERVE_LINES,
+    RESERVE_SHARE,
+    LiveMarkdown,
+    LiveParagraph,
+)
 
 if TYPE_CHECKING:
     from pathlib import PurePath
@@ -184,9 +190,11 @@ async def test_streaming_text_lays_out_once_per_reserve_and_settles_to_the_plain
             await pilot.pause()
         block = live.query_one(LiveParagraph)
         lines = block.get_content_height(live.size, live.size, block.content_size.width)
-        assert lines >= 2 * RESERVE_LINES  # the test streams past the reserve twice or more
-        # One layout per RESERVE_LINES lines of text (and one to spare), not one per append.
-        assert reflows <= lines // (RESERVE_LINES - 1) + 2
+        step = live._step()
+        assert step == min(RESERVE_LINES, 40 // RESERVE_SHARE)
+        assert lines >= 2 * step  # the test streams past the reserve twice or more
+        # About one layout per step of the reserve, not one per append (118 appends).
+        assert reflows <= lines // (step - 1) + 3
         assert block.outer_size.height > lines  # room under the text while it streams
 
         live.settle()
@@ -201,3 +209,37 @@ async def test_streaming_text_lays_out_once_per_reserve_and_settles_to_the_plain
         live.display = True
         await pilot.pause()
         assert screen_lines(app) == as_plain  # once settled, it looks like Markdown
+
+
+async def test_a_small_terminal_keeps_a_small_reserve() -> None:
+    app = Transcript()
+    async with app.run_test(size=(80, 24)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        app.query_one("#plain", Markdown).display = False
+        for i in range(30):
+            await live.append_live(f" word{i}")
+            await pilot.pause()
+        block = live.query_one(LiveParagraph)
+        lines = block.get_content_height(live.size, live.size, block.content_size.width)
+        # 24 rows: at most 4 empty lines under the text, so most of the view is text.
+        assert 1 <= block.outer_size.height - lines <= 24 // RESERVE_SHARE
+
+
+async def test_a_new_paragraph_takes_over_the_room_so_the_reply_keeps_its_height() -> None:
+    app = Transcript()
+    async with app.run_test(size=(60, 48)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        app.query_one("#plain", Markdown).display = False
+        for i in range(12):  # two lines of text in a reserve of eight
+            await live.append_live(f" word{i}")
+            await pilot.pause()
+        first = live.query_one(LiveParagraph)
+        height = live.outer_size.height
+        assert height - first.get_content_height(live.size, live.size, 58) >= MIN_SPARE
+        await live.append_live("\n\nA second paragraph")
+        await pilot.pause()
+        await live.append_live(" begins.")
+        await pilot.pause()
+        assert len(live.query(LiveParagraph)) == 2
+        # The transcript below and around does not move: no repaint of all of it.
+        assert live.outer_size.height == height

@@ -25,7 +25,18 @@ if TYPE_CHECKING:
     from textual.content import Content
 
 RESERVE_LINES = 8
-"""Empty lines kept under a streaming block: one layout per this many lines of text."""
+"""Most empty lines kept under a streaming block: one layout per this many lines of text."""
+RESERVE_SHARE = 6
+"""...and at most a sixth of the screen's rows, so a small terminal still shows the text."""
+
+
+MIN_SPARE = 3
+"""A new block given fewer empty lines than this gets a new step of the reserve."""
+
+
+def _reserved(block: MarkdownBlock) -> int:
+    floor = block.styles.min_height
+    return int(floor.value) if floor is not None and floor.is_cells else 0
 
 
 class LiveParagraph(MarkdownParagraph):
@@ -39,8 +50,7 @@ class LiveParagraph(MarkdownParagraph):
         width, height = self.content_size
         if not width or not self.is_mounted:
             return True
-        floor = self.styles.min_height
-        reserved = int(floor.value) if floor is not None and floor.is_cells else 0
+        reserved = _reserved(self)
         # As Widget.get_content_height measures it (styles serve as the rules map there too).
         lines: int = content.get_height(self.styles, width)  # type: ignore[arg-type]
         return max(reserved, lines) != height
@@ -64,22 +74,33 @@ class LiveMarkdown(Markdown):
         blocks = [child for child in self.children if isinstance(child, MarkdownBlock)]
         if not blocks:
             return
+        spare = 0
         for block in blocks[:-1]:
             if block.styles.min_height is not None:
+                width = block.content_size.width
+                if width:
+                    spare += max(0, _reserved(block) - self._lines(block, width))
                 block.styles.min_height = None
         last = blocks[-1]
-        floor = last.styles.min_height
-        reserved = int(floor.value) if floor is not None and floor.is_cells else 0
+        reserved = _reserved(last)
         width = last.content_size.width
         if not width:
-            # Just mounted, not laid out yet: reserve blind, so that the layout the mount
-            # costs anyway is the only one until the block outgrows its room.
+            # Just mounted, not laid out yet. It takes over the room the block before it
+            # kept, so the reply keeps its height and the transcript does not move (a
+            # moved transcript is repainted whole); with little room left, a new step.
             if not reserved:
-                last.styles.min_height = RESERVE_LINES
+                last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._step()
             return
-        needed = last.get_content_height(self.size, self.size, width)
+        needed = self._lines(last, width)
         if needed >= reserved - 1:  # keep at least one empty line ahead of the text
-            last.styles.min_height = needed + RESERVE_LINES
+            last.styles.min_height = needed + self._step()
+
+    def _step(self) -> int:
+        rows = self.screen.size.height if self.is_attached else 0
+        return max(2, min(RESERVE_LINES, rows // RESERVE_SHARE))
+
+    def _lines(self, block: MarkdownBlock, width: int) -> int:
+        return block.get_content_height(self.size, self.size, width)
 
     def settle(self) -> None:
         """The reply ended: every block back to the height of its text."""
