@@ -20,7 +20,7 @@ from tui.widgets.box_titles import retitle
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.live_markdown import (
     MIN_SPARE,
-    RESERVE_LINES,
+    RESERVE_MIN,
     RESERVE_SHARE,
     LiveMarkdown,
     LiveParagraph,
@@ -190,11 +190,10 @@ async def test_streaming_text_lays_out_once_per_reserve_and_settles_to_the_plain
             await pilot.pause()
         block = live.query_one(LiveParagraph)
         lines = block.get_content_height(live.size, live.size, block.content_size.width)
-        step = live._step()
-        assert step == min(RESERVE_LINES, 40 // RESERVE_SHARE)
-        assert lines >= 2 * step  # the test streams past the reserve twice or more
-        # About one layout per step of the reserve, not one per append (118 appends).
-        assert reflows <= lines // (step - 1) + 3
+        assert lines > 40 // RESERVE_SHARE  # streamed past the biggest step
+        # A fast stream: each step twice the one before, up to a third of the screen
+        # (4, 8, 13 lines), so a handful of layouts in all, not one per append (118 appends).
+        assert reflows <= 6
         assert block.outer_size.height > lines  # room under the text while it streams
 
         live.settle()
@@ -211,18 +210,32 @@ async def test_streaming_text_lays_out_once_per_reserve_and_settles_to_the_plain
         assert screen_lines(app) == as_plain  # once settled, it looks like Markdown
 
 
-async def test_a_small_terminal_keeps_a_small_reserve() -> None:
+async def test_the_room_follows_the_stream_rate_and_the_screen() -> None:
     app = Transcript()
+    now = 0.0
     async with app.run_test(size=(80, 24)) as pilot:
         live = app.query_one("#live", LiveMarkdown)
+        live.clock = lambda: now
         app.query_one("#plain", Markdown).display = False
-        for i in range(30):
-            await live.append_live(f" word{i}")
-            await pilot.pause()
-        block = live.query_one(LiveParagraph)
-        lines = block.get_content_height(live.size, live.size, block.content_size.width)
-        # 24 rows: at most 4 empty lines under the text, so most of the view is text.
-        assert 1 <= block.outer_size.height - lines <= 24 // RESERVE_SHARE
+        block: LiveParagraph | None = None
+
+        async def stream(words: int, seconds_per_word: float) -> int:
+            nonlocal now, block
+            for i in range(words):
+                now += seconds_per_word
+                await live.append_live(f" word{i:03d}")
+                await pilot.pause()
+            block = live.query_one(LiveParagraph)
+            lines = block.get_content_height(live.size, live.size, block.content_size.width)
+            return block.outer_size.height - lines
+
+        # Fast (100 words a second): the room grows, but never past a third of 24 rows.
+        room = await stream(200, 0.01)
+        assert live._step_lines == 24 // RESERVE_SHARE
+        assert 1 <= room <= 24 // RESERVE_SHARE
+        # Slow (a word every 2 s, a line in ~16 s): the steps shrink to the smallest.
+        await stream(60, 2.0)
+        assert live._step_lines == RESERVE_MIN
 
 
 async def test_a_new_paragraph_takes_over_the_room_so_the_reply_keeps_its_height() -> None:
@@ -230,7 +243,7 @@ async def test_a_new_paragraph_takes_over_the_room_so_the_reply_keeps_its_height
     async with app.run_test(size=(60, 48)) as pilot:
         live = app.query_one("#live", LiveMarkdown)
         app.query_one("#plain", Markdown).display = False
-        for i in range(12):  # two lines of text in a reserve of eight
+        for i in range(6):  # a line of text in a first reserve of four
             await live.append_live(f" word{i}")
             await pilot.pause()
         first = live.query_one(LiveParagraph)

@@ -6,31 +6,40 @@ reply grew a line), and a moved transcript is repainted from top to bottom: at a
 stream that is most of every frame (`benchmarks/ui_lag.py --profile`).
 
 Here the last block keeps some empty lines below its text while it streams (its
-min-height, grown in steps of `RESERVE_LINES`). Text that still fits the block's height
-repaints the block alone; only a step of the reserve, or a new block, lays the screen out.
-`settle()` gives the reserve back when the reply ends.
+min-height). Text that still fits the block's height repaints the block alone; only a
+step of the reserve, or a new block, lays the screen out. The step follows the stream: it
+doubles while steps come less than a second apart and halves when they are rare, so a
+fast stream scrolls about once a second and a slow one keeps only a line or two of room.
+A new block takes over the room the one before it kept, so the reply keeps its height.
+`settle()` gives the room back when the reply ends.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from textual.widgets import Markdown
 
 # Not re-exported by textual.widgets.markdown; the pinned Textual has it here, and
-# tests/test_tui_widgets.py fails loudly if a new one moves it.
+# tests/test_tui_repaint.py fails loudly if a new one moves it.
 from textual.widgets._markdown import MarkdownBlock, MarkdownParagraph
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from textual.content import Content
 
-RESERVE_LINES = 8
-"""Most empty lines kept under a streaming block: one layout per this many lines of text."""
-RESERVE_SHARE = 6
-"""...and at most a sixth of the screen's rows, so a small terminal still shows the text."""
-
-
-MIN_SPARE = 3
+RESERVE_START = 4
+"""Empty lines kept under a streaming block at first."""
+RESERVE_MIN = 2
+RESERVE_SHARE = 3
+"""A step is at most a third of the screen's rows, so the text stays in view."""
+STEP_FAST_S = 1.0
+"""Steps closer together than this: the next one is twice as big..."""
+STEP_SLOW_S = 3.0
+"""...and further apart than this: half as big."""
+MIN_SPARE = 2
 """A new block given fewer empty lines than this gets a new step of the reserve."""
 
 
@@ -65,6 +74,15 @@ class LiveMarkdown(Markdown):
         "paragraph_open": LiveParagraph,
     }
 
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._step_lines = RESERVE_START
+        self._last_step: float | None = None
+
     async def append_live(self, markdown: str) -> None:
         """Append `markdown`, then keep the reserve under the (new) last block."""
         await self.append(markdown)
@@ -89,15 +107,25 @@ class LiveMarkdown(Markdown):
             # kept, so the reply keeps its height and the transcript does not move (a
             # moved transcript is repainted whole); with little room left, a new step.
             if not reserved:
-                last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._step()
+                last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._next_step()
             return
         needed = self._lines(last, width)
         if needed >= reserved - 1:  # keep at least one empty line ahead of the text
-            last.styles.min_height = needed + self._step()
+            last.styles.min_height = needed + self._next_step()
 
-    def _step(self) -> int:
+    def _next_step(self) -> int:
+        now = self.clock()
+        if self._last_step is not None:
+            gap = now - self._last_step
+            if gap < STEP_FAST_S:
+                self._step_lines *= 2
+            elif gap > STEP_SLOW_S:
+                self._step_lines //= 2
+        self._last_step = now
         rows = self.screen.size.height if self.is_attached else 0
-        return max(2, min(RESERVE_LINES, rows // RESERVE_SHARE))
+        most = max(RESERVE_MIN, rows // RESERVE_SHARE)
+        self._step_lines = max(RESERVE_MIN, min(self._step_lines, most))
+        return self._step_lines
 
     def _lines(self, block: MarkdownBlock, width: int) -> int:
         return block.get_content_height(self.size, self.size, width)
