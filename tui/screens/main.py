@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Tab, Tabs
+from textual.widgets import Header, Input, Tab, Tabs
 
 from engine.errors import EngineDied, EngineStartFailed, KvscopeError, PromptTooLong
 from engine.events import (
@@ -40,6 +40,7 @@ from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
+from tui.widgets.pruned_footer import PrunedFooter
 from tui.widgets.request_timeline import LatencyBox
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class MainScreen(Screen[None]):
             yield EnginePanel(self.telemetry, id="engine", classes="panel").data_bind(
                 MainScreen.engine_state, MainScreen.card
             )
-        yield Footer()
+        yield PrunedFooter()
 
     def on_mount(self) -> None:
         for field in self.query(Input):
@@ -443,12 +444,17 @@ class MainScreen(Screen[None]):
         summary = reply.summary()
         if not self._current_synthetic and not summary.failed and summary.text:
             self.conversation.record(self._current_user_text, summary.text)
-        if self.gc_policy is not None:
-            self.gc_policy.idle()
+        self.call_later(self._settle_transcript)
         self.busy = False
         self._busy_notified = False
         self._update_estimate()  # the reply measured the prefill rate: a better guess
         self.refresh_bindings()
+
+    async def _settle_transcript(self) -> None:
+        """Between replies (the user is reading): fold old replies, then collect garbage."""
+        await self.chat.fold_older()
+        if self.gc_policy is not None:
+            self.gc_policy.idle()
 
     # -- redraw ----------------------------------------------------------------------------
     async def _tick(self) -> None:
@@ -508,7 +514,7 @@ class MainScreen(Screen[None]):
             new_session()  # a remote server's cached blocks are coloured by chat
         await self.chat.clear()
         if self.gc_policy is not None:
-            self.gc_policy.idle()  # the old transcript's cycles are garbage now
+            self.gc_policy.idle(full=True)  # the old transcript's cycles are garbage now
         self.chat.input.focus()
         self.refresh_bindings()
 

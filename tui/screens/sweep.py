@@ -15,7 +15,7 @@ from textual.containers import Horizontal, ScrollableContainer, Vertical, Vertic
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Header, Input, Label, ProgressBar, Static
+from textual.widgets import Button, DataTable, Header, Input, Label, ProgressBar, Static
 
 from bench.sweep import (
     SweepConfig,
@@ -42,6 +42,7 @@ from tui import format as fmt
 from tui.plotting import Figure, PlotRenderer, Series
 from tui.sweep_overlay import Overlay, overlay_series, overlay_text
 from tui.widgets.plot import Plot
+from tui.widgets.pruned_footer import PrunedFooter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -348,7 +349,7 @@ class SweepScreen(Screen[None]):
                     yield Plot("points appear as they are measured", id="sweep-itl")
                 yield Static("", id="sweep-overlay")
                 yield DataTable(id="sweep-table", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield PrunedFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

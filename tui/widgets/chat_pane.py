@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual import on
 from textual.containers import Vertical, VerticalScroll
+from textual.geometry import Region
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Input, Static
@@ -18,6 +19,9 @@ from tui.widgets.reply_block import ReplyBlock, StatusSource
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
+
+LIVE_REPLIES = 2
+"""The newest replies stay whole widgets; older ones are folded into static text."""
 
 EMPTY_HINT = (
     "Type a message and press Enter. The reply streams in token by token; its footer "
@@ -134,6 +138,40 @@ class ChatPane(Vertical):
         for hint in self.query("#chat-empty"):
             await hint.remove()
 
+    async def fold_older(self, keep: int = LIVE_REPLIES) -> None:
+        """Fold every finished reply but the newest `keep` into static text (see
+        ReplyBlock.fold): a long session then costs a widget per reply, not a dozen."""
+        replies = self.replies()
+        old = replies[: max(0, len(replies) - keep)]
+        children = list(self.transcript.children)
+        for reply in old:
+            if reply.done and not reply.folded:
+                # The message it answered goes into the same Static, one widget less.
+                before = children.index(reply) - 1
+                message = children[before] if before >= 0 else None
+                if isinstance(message, Static) and message.has_class("user-message"):
+                    content = message.content
+                    await reply.fold(user=content if isinstance(content, Text) else None)
+                    if reply.folded and isinstance(content, Text):
+                        await message.remove()
+                else:
+                    await reply.fold()
+        if old:
+            self._drop_hidden_caches(until=old[-1])
+
+    def _drop_hidden_caches(self, until: ReplyBlock) -> None:
+        """Let the older entries out of view forget their drawn lines: each widget keeps
+        every line it drew (Strips, each with seven small caches), about half a MiB a
+        reply. Scrolled back into view, they draw again."""
+        transcript = self.transcript
+        view = Region(0, round(transcript.scroll_y), *transcript.scrollable_content_region.size)
+        for child in transcript.children:
+            if not child.virtual_region.overlaps(view):
+                for widget in child.walk_children(with_self=True):
+                    widget.refresh()
+            if child is until:
+                break
+
     def replies(self) -> list[ReplyBlock]:
         return list(self.query(ReplyBlock))
 
@@ -142,6 +180,8 @@ class ChatPane(Vertical):
         lines: list[str] = []
         for child in self.transcript.children:
             if isinstance(child, ReplyBlock):
+                if child.folded_user is not None:
+                    lines.append(child.folded_user)
                 lines.append(child.title)
                 lines.append(child.text)
                 lines.extend(child.copies_text)

@@ -56,8 +56,12 @@ class LiveParagraph(MarkdownParagraph):
         self.update(content, layout=self._height_changes(content))
 
     def _height_changes(self, content: Content) -> bool:
+        if not self.is_mounted:
+            # A block the parser just built: mounting it lays it out. Asking for a layout
+            # now would cost a second one, in the frame after the mount.
+            return False
         width, height = self.content_size
-        if not width or not self.is_mounted:
+        if not width:
             return True
         reserved = _reserved(self)
         # As Widget.get_content_height measures it (styles serve as the rules map there too).

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rich.console import Group
+from rich.markdown import Markdown as RichMarkdown
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
+from textual.color import Color
 from textual.containers import Vertical
 from textual.widgets import Label, Static
 
@@ -18,9 +23,10 @@ from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
 from tui.telemetry import anatomy_parts
 from tui.widgets.field_line import SEPARATOR, FieldLine, pack
 from tui.widgets.live_markdown import LiveMarkdown
-from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
+from tui.widgets.token_latency_view import TimedToken, TokenLatencyView, latency_text
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
     from textual.app import ComposeResult
     from textual.geometry import Size
 
@@ -117,6 +123,18 @@ class CopyState:
             return f"{self.request_id} · {footer_line(self.finished)}"
         tokens = f" · {fmt.count(self.received, 'token')}" if self.received else ""
         return f"{self.request_id} · {where.words}{tokens}"
+
+
+@dataclass
+class FoldedReply:
+    """What a folded reply keeps of the widgets it no longer has."""
+
+    footer: str
+    anatomy: str
+    copies: Table | None
+    footer_tone: str
+    user: Text | None = None
+    """The message this replied to, folded in with it (one widget less per exchange)."""
 
 
 @dataclass
@@ -260,6 +278,9 @@ class ReplyBlock(Vertical):
         self._latency_mode = False
         self.copies_text: list[str] = []
         self._copies_shown: object = None
+        self._folded: FoldedReply | None = None
+        self._token_latency = array("d")
+        self._token_length = array("L")
 
     def compose(self) -> ComposeResult:
         yield Label(self.title, classes="reply-title")
@@ -293,12 +314,27 @@ class ReplyBlock(Vertical):
 
     @property
     def footer_text(self) -> str:
+        if self._folded is not None:
+            return self._folded.footer
         return self.query_one(".reply-footer", FieldLine).plain
 
     @property
     def anatomy_text(self) -> str:
         """The TTFT split under the footer ("" when not shown)."""
+        if self._folded is not None:
+            return self._folded.anatomy
         return self.query_one(".reply-anatomy", SumLine).plain
+
+    @property
+    def folded(self) -> bool:
+        return self._folded is not None
+
+    @property
+    def folded_user(self) -> str | None:
+        """The user's message folded into this reply, as plain text (None if not)."""
+        if self._folded is None or self._folded.user is None:
+            return None
+        return self._folded.user.plain
 
     def accepted(self, copy: int) -> None:
         self.copies[copy].accepted = True
@@ -348,13 +384,115 @@ class ReplyBlock(Vertical):
     # -- display ---------------------------------------------------------------------------
     def set_latency_mode(self, on: bool) -> None:
         self._latency_mode = on
-        if on:
+        if self._folded is not None:
+            self.query_one(".reply-folded", Static).update(self._folded_renderable())
+        elif on:
             self.query_one(TokenLatencyView).repaint_all()
+
+    # -- folding ---------------------------------------------------------------------------
+    async def fold(self, user: Text | None = None) -> None:
+        """Become one Static: a finished reply is read, not streamed into, and its six
+        widgets (Markdown with a widget per paragraph, the latency view, footer lines)
+        cost about 25 KiB each plus their render caches, for as long as the session lasts.
+
+        The body is drawn by rich's Markdown renderer (paragraphs get a blank line between
+        them), or, with latency colours on, as coloured tokens; the footer and the TTFT
+        split keep their words. Colours are the theme's at the time of folding.
+        """
+        if self._folded is not None or not self.done or not self.is_mounted:
+            return
+        extra = self.copies[1:]
+        # The footer's colour, as the CSS gives it: failed, stopped by the user, or done.
+        tone = "text-secondary"
+        if self.primary.error is not None:
+            tone = "error"
+        elif self._stopped():
+            tone = "warning"
+        self._folded = FoldedReply(
+            footer=self.footer_text,
+            anatomy=self.anatomy_text,
+            copies=copies_table(extra)[0] if extra else None,
+            footer_tone=tone,
+            user=user,
+        )
+        # Textual keeps a removed widget's styles cache, with every line it drew, in a
+        # 1,024-entry lru_cache: refresh() empties it first, so only empty caches linger.
+        for widget in self.walk_children():
+            widget.refresh()
+        await self.remove_children()
+        await self.mount(Static(self._folded_renderable(), classes="reply-folded"))
+        # What latency colours need, in two arrays instead of an object per token.
+        self._token_latency = array("d", (t.latency_s for t in self.tokens))
+        self._token_length = array("L", (len(t.text) for t in self.tokens))
+        self.tokens = []
+        self._text_parts = [self.text]  # one string instead of one per token
+        self._flushed = 1
+
+    def _folded_tokens(self) -> list[TimedToken]:
+        text = self.text
+        tokens: list[TimedToken] = []
+        start = 0
+        for i, (latency, length) in enumerate(
+            zip(self._token_latency, self._token_length, strict=True)
+        ):
+            tokens.append(TimedToken(text[start : start + length], latency, i))
+            start += length
+        return tokens
+
+    def _stopped(self) -> bool:
+        finished = self.primary.finished
+        return finished is not None and finished.reason == "abort"
+
+    def _folded_renderable(self) -> Group:
+        folded = self._folded
+        assert folded is not None
+        colours = self.app.get_css_variables()
+
+        background = Color.parse(colours.get("background", "black"))
+
+        def style(name: str, flags: str = "") -> Style:
+            # Muted theme colours carry an alpha: blended over the background, as drawn.
+            colour = (background + Color.parse(colours[name])).hex if name in colours else ""
+            return Style.parse(f"{flags} {colour}".strip() or "none")
+
+        body: RenderableType
+        if self._latency_mode:
+            # As TokenLatencyView's DEFAULT_CSS colours the levels.
+            body = latency_text(
+                self._folded_tokens(),
+                {
+                    "first": style("accent", "underline"),
+                    "fast": style("success"),
+                    "slow": style("warning"),
+                    "stall": style("error", "bold reverse"),
+                },
+            )
+        else:
+            body = RichMarkdown(self.text)
+        parts: list[RenderableType] = []
+        if folded.user is not None:
+            # As the chat's .user-message: indented 6, a bar, a tinted band.
+            band = (background.blend(Color.parse(colours.get("primary", "blue")), 0.15)).hex
+            message = Table.grid(expand=True)
+            message.add_column(width=6)
+            message.add_column(width=1, style=style("primary"))
+            message.add_column(ratio=1, style=Style(bgcolor=band))
+            for line in folded.user.split("\n"):
+                message.add_row("", "▌", Text.assemble(" ", line))
+            parts += [Text(""), message, Text("")]
+        parts += [Text(self.title, style("accent", "bold")), body]
+        if folded.copies is not None:
+            folded.copies.style = style("foreground-muted")
+            parts.append(folded.copies)
+        parts.append(Text(folded.footer, style(folded.footer_tone)))
+        if folded.anatomy:
+            parts.append(Text(folded.anatomy, style("text-secondary")))
+        return Group(*parts)
 
     async def flush(self) -> None:
         """Append the tokens received since the last flush to the Markdown and the
         latency view (append-only: nothing already shown is rendered again)."""
-        if self._flushed == len(self._text_parts) or not self.is_mounted:
+        if self._flushed == len(self._text_parts) or not self.is_mounted or self.folded:
             return
         fresh = "".join(self._text_parts[self._flushed :])
         self._flushed = len(self._text_parts)
@@ -367,7 +505,7 @@ class ReplyBlock(Vertical):
         """Show what arrived since the last tick; the screen's timer calls this ~15 times a
         second, so the cost of drawing does not grow with the token rate."""
         await self.flush()
-        if not self.is_mounted:
+        if not self.is_mounted or self.folded:
             return
         # A request's status moves with the engine's steps, not only with its own events,
         # so it is looked at every tick while streaming; the widgets only change if the

@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.text import Text
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from rich.style import Style
 
 FAST_RATIO = 1.5
@@ -42,6 +45,16 @@ def latency_level(token: TimedToken, median_s: float) -> str:
     if token.latency_s <= median_s * SLOW_RATIO:
         return "slow"
     return "stall"
+
+
+def latency_text(tokens: Sequence[TimedToken], styles: Mapping[str, Style]) -> Text:
+    """The tokens as one Text, each in its level's style (for a reply folded to text)."""
+    itl = [t.latency_s for t in tokens if t.index > 0]
+    median = statistics.median(itl) if itl else 0.0
+    text = Text(end="")
+    for token in tokens:
+        text.append(token.text, styles[latency_level(token, median)])
+    return text
 
 
 class TokenLatencyView(Widget):
