@@ -147,3 +147,27 @@ def test_gc_between_replies_walks_the_whole_heap_only_when_it_grew(
     calls.clear()
     policy.idle(full=True)  # a new chat: the whole old transcript is garbage
     assert calls == ["unfreeze", "collect", "freeze"]
+
+
+async def test_folded_replies_take_the_new_theme_colours() -> None:
+    app: KvscopeApp = make_app(FakeConfig(reply_words=WORDS), theme="kvscope-dark")
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        await chat(pilot, 3)
+        first = main.chat.replies()[0]
+        assert first.folded
+
+        def title_colour() -> str:
+            static = first.query_one(".reply-folded", Static)
+            group = static.content
+            assert isinstance(group, Group)
+            titles = [
+                p for p in group.renderables if isinstance(p, Text) and p.plain == first.title
+            ]
+            return str(titles[0].style)
+
+        dark = title_colour()
+        app.theme = "kvscope-light"
+        await settle(pilot)
+        assert title_colour() != dark

@@ -57,6 +57,13 @@ class ChatPane(Vertical):
     def on_mount(self) -> None:
         self.query_one("#transcript", VerticalScroll).anchor()
         self._sync_placeholder()
+        self.app.theme_changed_signal.subscribe(self, self._recolour_folded)
+
+    def _recolour_folded(self, theme: object) -> None:
+        # Folded replies carry colours, not CSS: draw them again in the new theme's.
+        for reply in self.replies():
+            if reply.folded:
+                reply.set_latency_mode(self.latency_colours)
 
     @property
     def input(self) -> Input:
