@@ -26,9 +26,10 @@ from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownBlock, MarkdownParagraph
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from textual.content import Content
+    from textual.widget import AwaitMount, Widget
 
 RESERVE_START = 4
 """Empty lines kept under a streaming block at first."""
@@ -92,26 +93,44 @@ class LiveMarkdown(Markdown):
         await self.append(markdown)
         self._reserve()
 
-    def _reserve(self) -> None:
-        blocks = [child for child in self.children if isinstance(child, MarkdownBlock)]
-        if not blocks:
-            return
+    def mount_all(
+        self,
+        widgets: Iterable[Widget],
+        *,
+        before: int | str | Widget | None = None,
+        after: int | str | Widget | None = None,
+    ) -> AwaitMount:
+        # Markdown.append mounts new blocks here, inside one batch: handing the room over
+        # now puts the mount and the new heights in one layout instead of two.
+        new = list(widgets)
+        blocks = [widget for widget in new if isinstance(widget, MarkdownBlock)]
+        if blocks:
+            self._hand_over(blocks[-1])
+        return super().mount_all(new, before=before, after=after)
+
+    def _hand_over(self, new_last: MarkdownBlock) -> None:
+        """The room kept under the old blocks goes to `new_last`, so the reply keeps its
+        height and the transcript does not move (a moved transcript is repainted whole);
+        with little room left, a new step."""
         spare = 0
-        for block in blocks[:-1]:
+        for block in self.query_children(MarkdownBlock):
             if block.styles.min_height is not None:
                 width = block.content_size.width
                 if width:
                     spare += max(0, _reserved(block) - self._lines(block, width))
                 block.styles.min_height = None
+        new_last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._next_step()
+
+    def _reserve(self) -> None:
+        blocks = [child for child in self.children if isinstance(child, MarkdownBlock)]
+        if not blocks:
+            return
         last = blocks[-1]
         reserved = _reserved(last)
         width = last.content_size.width
         if not width:
-            # Just mounted, not laid out yet. It takes over the room the block before it
-            # kept, so the reply keeps its height and the transcript does not move (a
-            # moved transcript is repainted whole); with little room left, a new step.
-            if not reserved:
-                last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._next_step()
+            if not reserved:  # the first block: not handed any room yet
+                last.styles.min_height = self._next_step()
             return
         needed = self._lines(last, width)
         if needed >= reserved - 1:  # keep at least one empty line ahead of the text
