@@ -4,8 +4,9 @@ The app runs headless (`App.run_test`: the compositor still lays out and renders
 frame; only the write to a terminal is skipped) around a FakeEngine on a real clock, tuned
 to stream about 2,000 tokens/s: 16 concurrent copies of one long reply, a 6 ms decode
 step. The fake runs in the app's process, so the rate it reaches depends on what the UI
-leaves it: the run prints the rate it measured (`--step-ms 4` streams about 2,700). While it streams, a probe coroutine sleeps 10 ms again and again and records how late
-it wakes up: that is the event-loop lag a user would feel as sluggish keys. Memory is the
+leaves it: the run prints the rate it measured (`--step-ms 4` streams about 2,700).
+While it streams, a probe coroutine sleeps 10 ms again and again and records how late it
+wakes up: that is the event-loop lag a user would feel as sluggish keys. Memory is the
 process RSS (and Python's own allocations, via tracemalloc's counters) at 5 s and at the end.
 
     python benchmarks/ui_lag.py            # 20 s, 16 copies of a 6 ms decode step
@@ -24,9 +25,10 @@ the other, as fast as one copy streams (a 0.5 ms step asks for 2,000 tokens/s; a
 1 ms timer resolution and the frames make it 250-450 here). RSS must grow by less than
 50 MiB from the end of the first 10 replies to the end of the last; that is what finished
 replies cost once they are folded into static text (tui/widgets/reply_block.py `fold`).
-Its lag figure includes the pauses between replies (folding, collecting garbage). The chat history the model is sent is cleared before each send
-(100,000 tokens of it would not fit the fake's context, and it is a few hundred KiB of
-strings, not the transcript's cost).
+Its lag figure includes the pauses between replies (folding, collecting garbage). The
+chat history the model is sent is cleared before each send (100,000 tokens of it would
+not fit the fake's context, and it is a few hundred KiB of strings, not the transcript's
+cost).
 
 The screen is 160x48, the three-column layout: the largest area to repaint. Every run
 prints how busy the (shared) host was meanwhile: compare rounds only at similar load.
