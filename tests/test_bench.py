@@ -247,7 +247,12 @@ def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None
     for label in ("A", "B"):
         assert [p["prompt_len"] for p in data[label]["points"]] == [128, 1024]
         assert all(p["ok"] for p in data[label]["points"])
-    # A 256-token step budget cuts the 1,024-token prompt into four chunks: slower TTFT.
-    a_ttft = data["A"]["points"][1]["mean_ttft_ms"]
-    b_ttft = data["B"]["points"][1]["mean_ttft_ms"]
-    assert a_ttft > b_ttft
+    # A 256-token step budget cuts the 1,024-token prompt into four chunks, 2,048 takes it
+    # in one: the configs really differed. (Their TTFTs are too close on this CPU, and
+    # the host too noisy, for one run each to order them: that compared timings, and
+    # failed in CI once.)
+    chunks = {
+        label: [r["ttft_breakdown"]["prefill_chunks"] for r in data[label]["points"][1]["requests"]]
+        for label in ("A", "B")
+    }
+    assert chunks == {"A": [4], "B": [1]}
