@@ -14,8 +14,9 @@ from textual import _compositor
 from textual.app import App, ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
+from tui_helpers import block_sample
 
-from engine.events import RequestBlocks, StepSample
+from engine.events import RequestBlocks
 from tui.widgets.box_titles import retitle
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.live_markdown import (
@@ -79,24 +80,6 @@ async def test_retitle_repaints_the_border_row_only_and_nothing_when_unchanged()
         assert box._border_title.spans == converted.spans
 
 
-def _sample(blocks: tuple[RequestBlocks, ...], total: int) -> StepSample:
-    used = sum(len(b.block_ids) for b in blocks)
-    return StepSample(
-        step=1,
-        started_at=0.0,
-        duration_s=0.01,
-        prefill_tokens=0,
-        decode_tokens=len(blocks),
-        running=len(blocks),
-        waiting=0,
-        kv_usage=used / total,
-        free_blocks=total - used,
-        total_blocks=total,
-        block_size=16,
-        blocks=blocks,
-    )
-
-
 class MapApp(App[None]):
     def __init__(self, block_map: KvBlockMap) -> None:
         super().__init__()
@@ -126,7 +109,7 @@ async def test_block_map_repaints_changed_rows_and_the_screen_matches_a_full_dra
             blocks = tuple(
                 RequestBlocks(rid, tuple(ids), 16 * len(ids)) for rid, ids in sorted(held.items())
             )
-            block_map.show_sample(_sample(blocks, total))
+            block_map.show_sample(block_sample(blocks, total))
             await pilot.pause()
             shown = screen_lines(app=block_map.app)[: block_map.size.height]
             expected = block_map.as_text().plain.splitlines()
@@ -137,12 +120,12 @@ async def test_block_map_step_marks_only_the_rows_that_changed() -> None:
     block_map = KvBlockMap()
     async with MapApp(block_map).run_test(size=(30, 20)) as pilot:
         first = (RequestBlocks("a", (0, 1), 32),)
-        block_map.show_sample(_sample(first, 120))
+        block_map.show_sample(block_sample(first, 120))
         await pilot.pause()
         assert block_map.size.width == 30
         # Block 35 is on the second grid row; the legend's "a" entry and free count change.
         assert block_map.blocks_per_cell(30) == 1
-        block_map.show_sample(_sample((RequestBlocks("a", (0, 1, 35), 48),), 120))
+        block_map.show_sample(block_sample((RequestBlocks("a", (0, 1, 35), 48),), 120))
         rows = sorted(y for region in block_map._repaint_regions for y in region.line_range)
         grid_rows = 120 // 30
         assert 1 in rows

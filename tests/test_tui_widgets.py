@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual.app import App, ComposeResult
-from tui_helpers import tui_config_dir
+from tui_helpers import block_sample, tui_config_dir
 
-from engine.events import EmulationInfo, ModelCard, RequestBlocks, StepSample
+from engine.events import EmulationInfo, ModelCard, RequestBlocks
 from themes import all_themes
 from tui.figures import itl_figure, kv_figure, latency_figure
 from tui.plotting import Figure, PlotJob, Series, build_plot, envelope
@@ -225,28 +225,10 @@ def _plain(widget: ModelCardView) -> str:
 
 
 # -- KvBlockMap -------------------------------------------------------------------------------
-def _sample(blocks: tuple[RequestBlocks, ...], total: int = 64) -> StepSample:
-    used = sum(len(b.block_ids) for b in blocks)
-    return StepSample(
-        step=1,
-        started_at=0.0,
-        duration_s=0.01,
-        prefill_tokens=0,
-        decode_tokens=len(blocks),
-        running=len(blocks),
-        waiting=0,
-        kv_usage=used / total,
-        free_blocks=total - used,
-        total_blocks=total,
-        block_size=16,
-        blocks=blocks,
-    )
-
-
 async def test_block_map_draws_one_character_per_block_with_a_legend() -> None:
     block_map = KvBlockMap()
     async with Host(block_map).run_test(size=(40, 12)) as pilot:
-        sample = _sample((RequestBlocks("a", (0, 1, 5), 40), RequestBlocks("b", (2, 3), 20)))
+        sample = block_sample((RequestBlocks("a", (0, 1, 5), 40), RequestBlocks("b", (2, 3), 20)))
         block_map.show_sample(sample)
         await pilot.pause()
         lines = block_map.as_text().plain.splitlines()
@@ -270,7 +252,7 @@ async def test_a_big_pool_is_drawn_with_several_blocks_per_character() -> None:
     block_map = KvBlockMap()
     block_map.max_rows = 2
     async with Host(block_map).run_test(size=(20, 12)) as pilot:
-        sample = _sample((RequestBlocks("a", tuple(range(100)), 1600),), total=1000)
+        sample = block_sample((RequestBlocks("a", tuple(range(100)), 1600),), total=1000)
         block_map.show_sample(sample)
         await pilot.pause()
         width = block_map.content_size.width
@@ -361,7 +343,7 @@ def test_figures_come_from_the_ring_buffers() -> None:
     assert itl_figure(tel, 40) == (None, None)
     assert latency_figure(tel, 40)[0] is None
     assert kv_figure(tel, 40) is None
-    tel.add_sample(_sample((RequestBlocks("a", (0,), 10),)))
+    tel.add_sample(block_sample((RequestBlocks("a", (0,), 10),)))
     figure = kv_figure(tel, 40)
     assert figure is not None
     assert figure.yaxis is not None

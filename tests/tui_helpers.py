@@ -17,6 +17,7 @@ import pytest
 from textual.widgets import Input
 
 from engine.clock import Clock, VirtualClock
+from engine.events import RequestBlocks, StepSample
 from engine.fake import FakeConfig, FakeEngine
 from tui.app import KvscopeApp
 from tui.settings import CONFIG_DIR_ENV, AppSettings
@@ -182,3 +183,22 @@ async def send_series(
         main.chat.input.focus()
         await pilot.press("enter")
         await reply_done(pilot)
+
+
+def block_sample(blocks: tuple[RequestBlocks, ...], total: int = 64) -> StepSample:
+    """A step sample holding `blocks` of a pool of `total`, for the block map's tests."""
+    used = sum(len(b.block_ids) for b in blocks)
+    return StepSample(
+        step=1,
+        started_at=0.0,
+        duration_s=0.01,
+        prefill_tokens=0,
+        decode_tokens=len(blocks),
+        running=len(blocks),
+        waiting=0,
+        kv_usage=used / total,
+        free_blocks=total - used,
+        total_blocks=total,
+        block_size=16,
+        blocks=blocks,
+    )
