@@ -19,6 +19,7 @@ from tui.widgets.reply_block import ReplyBlock, StatusSource
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
+    from textual.geometry import Size
 
 LIVE_REPLIES = 2
 """The newest replies stay whole widgets; older ones are folded into static text."""
@@ -27,6 +28,22 @@ EMPTY_HINT = (
     "Type a message and press Enter. The reply streams in token by token; its footer "
     "shows TTFT, ITL and tokens/s. ctrl+l colours each token by its latency."
 )
+
+
+class Transcript(VerticalScroll):
+    """The scrolling list of messages and replies."""
+
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        # Textual lays the screen out again in the next frame whenever the virtual size
+        # changed (tui/widgets/single_layout.py); here only the first overflow needs it,
+        # to show the scrollbar. After that a reply's growth is one layout, not two.
+        overflowed = self.virtual_size.height > self.container_size.height
+        overflows = virtual_size.height > container_size.height
+        return super()._size_updated(
+            size, virtual_size, container_size, layout=layout and overflowed != overflows
+        )
 
 
 class ChatPane(Vertical):
@@ -50,7 +67,7 @@ class ChatPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield EngineStatus().data_bind(ChatPane.engine_state)
-        with VerticalScroll(id="transcript"):
+        with Transcript(id="transcript"):
             yield Static(EMPTY_HINT, id="chat-empty")
         yield Input(placeholder="Message", id="chat-input")
 

@@ -1,83 +1,140 @@
-"""LiveMarkdown: Markdown that grows at its end without laying out the screen per append.
+"""LiveMarkdown: one widget that draws a streaming reply's Markdown line by line.
 
-Textual's `Markdown.append` re-parses only the last block, but that block's `update()`
-asks for a layout of the whole screen every time. The layout moves the transcript (the
-reply grew a line), and a moved transcript is repainted from top to bottom: at a fast
-stream that is most of every frame (`benchmarks/ui_lag.py --profile`).
+Textual's `Markdown` is a widget per block. Under a fast stream every new paragraph is a
+mount, and a mount renumbers the paint order of everything on screen before it, so the
+whole transcript is drawn again; each block's growth is a layout of the screen, and each
+layout is followed by a second one (Textual re-lays out a widget whose virtual size
+changed). Those frames were what kept `benchmarks/ui_lag.py` over 16 ms.
 
-Here the last block keeps some empty lines below its text while it streams (its
-min-height). Text that still fits the block's height repaints the block alone; only a
-step of the reserve, or a new block, lays the screen out. The step follows the stream: it
-doubles while steps come less than a second apart and halves when they are rare, so a
-fast stream scrolls about once a second and a slow one keeps only a line or two of room.
-A new block takes over the room the one before it kept, so the reply keeps its height.
-`settle()` gives the room back when the reply ends.
+Here the reply is one Line-API widget that keeps its own rendered lines:
+- finished blocks (ended by a blank line, outside a code fence) are rendered once, by
+  rich's Markdown renderer, the one a folded reply uses, so a reply looks the same while
+  it streams, when it ends and once folded;
+- only the last block is rendered again when text arrives, and only its rows repaint;
+- the widget keeps some empty rows below the text while it streams (a reserve). Text that
+  still fits repaints its rows alone; only a step of the reserve lays the screen out (and
+  scrolls the transcript, which repaints all of it). Each step is sized to last about two
+  seconds at the rate the text has been growing, up to half the screen, so a fast stream
+  scrolls a few times in ten seconds and a slow one keeps only a line or two of room.
+  `settle()` gives the room back when the reply ends.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
-from textual.widgets import Markdown
+from rich.markdown import Markdown as RichMarkdown
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Region, Size
+from textual.strip import Strip
+from textual.widget import Widget
 
-# Not re-exported by textual.widgets.markdown; the pinned Textual has it here, and
-# tests/test_tui_repaint.py fails loudly if a new one moves it.
-from textual.widgets._markdown import MarkdownBlock, MarkdownParagraph
+from tui.widgets.single_layout import SingleLayout
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-    from textual.content import Content
-    from textual.widget import AwaitMount, Widget
+    from collections.abc import Callable
 
 RESERVE_START = 4
-"""Empty lines kept under a streaming block at first."""
+"""Empty lines kept under the streaming text at first."""
 RESERVE_MIN = 2
-RESERVE_SHARE = 3
-"""A step is at most a third of the screen's rows, so the text stays in view."""
-STEP_FAST_S = 1.0
-"""Steps closer together than this: the next one is twice as big..."""
-STEP_SLOW_S = 3.0
-"""...and further apart than this: half as big."""
-MIN_SPARE = 2
-"""A new block given fewer empty lines than this gets a new step of the reserve."""
+RESERVE_SHARE = 2
+"""A step is at most half the screen's rows, so the newest text stays in view."""
+STEP_EVERY_S = 2.0
+"""A step holds this long at the rate the text grew since the last one."""
+
+FENCES = ("```", "~~~")
 
 
-def _reserved(block: MarkdownBlock) -> int:
-    floor = block.styles.min_height
-    return int(floor.value) if floor is not None and floor.is_cells else 0
+def _fence_marker(line: str) -> str | None:
+    """The fence a line opens or closes (` ``` ` or `~~~`, with its length), if any."""
+    stripped = line.lstrip(" ")
+    if len(line) - len(stripped) > 3:
+        return None  # indented four or more: code, not a fence
+    for fence in FENCES:
+        if stripped.startswith(fence):
+            return stripped[: len(stripped) - len(stripped.lstrip(fence[0]))]
+    return None
 
 
-class LiveParagraph(MarkdownParagraph):
-    """A paragraph whose new text lays out the screen only when its height changes."""
-
-    def set_content(self, content: Content) -> None:
-        self._content = content
-        self.update(content, layout=self._height_changes(content))
-
-    def _height_changes(self, content: Content) -> bool:
-        if not self.is_mounted:
-            # A block the parser just built: mounting it lays it out. Asking for a layout
-            # now would cost a second one, in the frame after the mount.
-            return False
-        width, height = self.content_size
-        if not width:
-            return True
-        reserved = _reserved(self)
-        # As Widget.get_content_height measures it (styles serve as the rules map there too).
-        lines: int = content.get_height(self.styles, width)  # type: ignore[arg-type]
-        return max(reserved, lines) != height
+def _list_item(line: str) -> bool:
+    """Whether a line (at the margin) starts a list item: a blank line before it may
+    only separate two items of one (loose) list."""
+    if line[:2] in ("- ", "* ", "+ "):
+        return True
+    digits = len(line) - len(line.lstrip("0123456789"))
+    return 0 < digits < 10 and line[digits : digits + 2] in (". ", ") ")
 
 
-class LiveMarkdown(Markdown):
+class BlockSplitter:
+    """Finds where finished top-level Markdown blocks end in text that only grows.
+
+    A block ends at a blank line outside a code fence, once the next line shows it does
+    not go on: a list goes on with another item or an indented line, an indented code
+    block with another indented line. Deciding on whole lines only is enough: a block is
+    held back for at most one line.
+    """
+
+    def __init__(self) -> None:
+        self.stable_end = 0
+        """Where the finished blocks end in the text (the live block starts here)."""
+        self._pos = 0  # start of the first line not looked at yet
+        self._fence: str | None = None
+        self._blank_at: int | None = None  # start of the blank line that may end a block
+        self._kind = ""  # the live block's: "list", "code", "other"; "" before its text
+
+    def feed(self, text: str) -> list[str]:
+        """Look at the whole lines of `text` not seen yet; return the blocks they ended."""
+        finished: list[str] = []
+        while (end := text.find("\n", self._pos)) != -1:
+            start, self._pos = self._pos, end + 1
+            line = text[start:end]
+            if self._fence is not None:
+                marker = _fence_marker(line)
+                if (
+                    marker
+                    and marker[0] == self._fence[0]
+                    and len(marker) >= len(self._fence)
+                    and not line.strip().lstrip(marker[0])
+                ):
+                    self._fence = None  # a closing fence: nothing after its marks
+                continue
+            if not line.strip():
+                if self._kind and self._blank_at is None:
+                    self._blank_at = start
+                continue
+            stripped = line.lstrip(" ")
+            indent = len(line) - len(stripped)
+            if self._blank_at is not None and not self._goes_on(indent, stripped):
+                finished.append(text[self.stable_end : self._blank_at])
+                self.stable_end = start
+                self._kind = ""
+            self._blank_at = None
+            if not self._kind:
+                if indent >= 4:
+                    self._kind = "code"
+                else:
+                    self._kind = "list" if _list_item(stripped) else "other"
+            self._fence = _fence_marker(line)
+        return finished
+
+    def _goes_on(self, indent: int, stripped: str) -> bool:
+        """Whether a line after a blank one continues the live block."""
+        if self._kind == "list":
+            return indent >= 2 or (indent < 4 and _list_item(stripped))
+        return self._kind == "code" and indent >= 4
+
+
+class LiveMarkdown(SingleLayout, Widget):
     """Markdown for a reply that is still streaming (see the module's docstring)."""
 
-    # Markdown declares BLOCKS as an instance attribute: a ClassVar here would not type-check.
-    BLOCKS: dict[str, type[MarkdownBlock]] = {  # noqa: RUF012
-        **Markdown.BLOCKS,
-        "paragraph_open": LiveParagraph,
+    DEFAULT_CSS = """
+    LiveMarkdown {
+        height: auto;
     }
+    """
 
     clock: Callable[[], float] = staticmethod(time.monotonic)
 
@@ -85,76 +142,122 @@ class LiveMarkdown(Markdown):
         self, *, name: str | None = None, id: str | None = None, classes: str | None = None
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self._text = ""
+        self._splitter = BlockSplitter()
+        self._blocks: list[str] = []
+        self._width = 0
+        self._stable: list[list[Segment]] = []  # the finished blocks' lines, at _width
+        self._live: list[list[Segment]] = []  # the last block's lines, at _width
+        self._reserved = 0
         self._step_lines = RESERVE_START
-        self._last_step: float | None = None
+        self._last_step: tuple[float, int] | None = None  # when, and the text's lines then
+        self._line_style = Style()
 
-    async def append_live(self, markdown: str) -> None:
-        """Append `markdown`, then keep the reserve under the (new) last block."""
-        await self.append(markdown)
-        self._reserve()
+    @property
+    def text_lines(self) -> int:
+        """Rows the text takes at the current width (the reserve not counted)."""
+        return len(self._stable) + len(self._live)
 
-    def mount_all(
-        self,
-        widgets: Iterable[Widget],
-        *,
-        before: int | str | Widget | None = None,
-        after: int | str | Widget | None = None,
-    ) -> AwaitMount:
-        # Markdown.append mounts new blocks here, inside one batch: handing the room over
-        # now puts the mount and the new heights in one layout instead of two.
-        new = list(widgets)
-        blocks = [widget for widget in new if isinstance(widget, MarkdownBlock)]
-        if blocks:
-            self._hand_over(blocks[-1])
-        return super().mount_all(new, before=before, after=after)
+    @property
+    def reserved(self) -> int:
+        return self._reserved
 
-    def _hand_over(self, new_last: MarkdownBlock) -> None:
-        """The room kept under the old blocks goes to `new_last`, so the reply keeps its
-        height and the transcript does not move (a moved transcript is repainted whole);
-        with little room left, a new step."""
-        spare = 0
-        for block in self.query_children(MarkdownBlock):
-            if block.styles.min_height is not None:
-                width = block.content_size.width
-                if width:
-                    spare += max(0, _reserved(block) - self._lines(block, width))
-                block.styles.min_height = None
-        new_last.styles.min_height = spare if spare >= MIN_SPARE else spare + self._next_step()
-
-    def _reserve(self) -> None:
-        blocks = [child for child in self.children if isinstance(child, MarkdownBlock)]
-        if not blocks:
+    # -- growing ---------------------------------------------------------------------------
+    def append_live(self, markdown: str) -> None:
+        """Append `markdown`: repaint the rows it changed, or lay out for a new step."""
+        if not markdown:
             return
-        last = blocks[-1]
-        reserved = _reserved(last)
-        width = last.content_size.width
+        self._text += markdown
+        first_changed = len(self._stable)
+        before = self.text_lines
+        finished = self._splitter.feed(self._text)
+        self._blocks += finished
+        width = self._width
         if not width:
-            if not reserved:  # the first block: not handed any room yet
-                last.styles.min_height = self._next_step()
+            self.refresh(layout=True)  # not laid out yet: get_content_height renders
             return
-        needed = self._lines(last, width)
-        if needed >= reserved - 1:  # keep at least one empty line ahead of the text
-            last.styles.min_height = needed + self._next_step()
+        for block in finished:
+            self._stable += self._separated(self._render_markdown(block, width))
+        self._live = self._separated(self._render_markdown(self._live_source(), width))
+        lines = self.text_lines
+        if lines >= self._reserved - 1:  # keep at least one empty row ahead of the text
+            self._reserved = lines + self._next_step()
+            self.refresh(layout=True)
+        else:
+            rows = max(lines, before) - first_changed
+            self.refresh(Region(0, first_changed, width, rows))
+
+    def settle(self) -> None:
+        """The reply ended: the widget back to the height of its text."""
+        if self._reserved:
+            self._reserved = 0
+            self.refresh(layout=True)
+
+    def _live_source(self) -> str:
+        return self._text[self._splitter.stable_end :]
 
     def _next_step(self) -> int:
-        now = self.clock()
+        """Rows of room for the next `STEP_EVERY_S` at the rate the text has been growing,
+        so a fast stream lays out every two seconds or so and a slow one keeps a line or
+        two of room; never more than half the screen."""
+        now, lines = self.clock(), self.text_lines
         if self._last_step is not None:
-            gap = now - self._last_step
-            if gap < STEP_FAST_S:
-                self._step_lines *= 2
-            elif gap > STEP_SLOW_S:
-                self._step_lines //= 2
-        self._last_step = now
+            then, lines_then = self._last_step
+            rate = (lines - lines_then) / max(now - then, 1e-3)
+            self._step_lines = math.ceil(rate * STEP_EVERY_S)
+        self._last_step = (now, lines)
         rows = self.screen.size.height if self.is_attached else 0
         most = max(RESERVE_MIN, rows // RESERVE_SHARE)
         self._step_lines = max(RESERVE_MIN, min(self._step_lines, most))
         return self._step_lines
 
-    def _lines(self, block: MarkdownBlock, width: int) -> int:
-        return block.get_content_height(self.size, self.size, width)
+    # -- rendering -------------------------------------------------------------------------
+    def _render_markdown(self, markdown: str, width: int) -> list[list[Segment]]:
+        if not markdown.strip() or width < 1:
+            return []
+        console = self.app.console
+        options = console.options.update(width=width, height=None)
+        return console.render_lines(RichMarkdown(markdown), options, pad=False)
 
-    def settle(self) -> None:
-        """The reply ended: every block back to the height of its text."""
-        for block in self.query_children(MarkdownBlock):
-            if block.styles.min_height is not None:
-                block.styles.min_height = None
+    def _separated(self, lines: list[list[Segment]]) -> list[list[Segment]]:
+        """A block's lines as they follow the blocks before it: rich's Markdown puts one
+        blank line between top-level blocks, and starts some (lists, quotes) with one of
+        their own when drawn alone."""
+        if not self._stable:
+            return lines
+        start = 0
+        while start < len(lines) and not Segment.get_line_length(lines[start]):
+            start += 1
+        return [[], *lines[start:]] if start < len(lines) else []
+
+    def _rerender(self, width: int) -> None:
+        self._width = width
+        self._stable = []
+        for block in self._blocks:
+            self._stable += self._separated(self._render_markdown(block, width))
+        self._live = self._separated(self._render_markdown(self._live_source(), width))
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if width != self._width:
+            self._rerender(width)
+        return max(self.text_lines, self._reserved)
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The style once per repaint: `rich_style` walks the ancestors' backgrounds.
+        self._line_style = self.rich_style
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_size.width
+        if width < 1:
+            return Strip.blank(0)
+        if width != self._width:
+            self._rerender(width)
+        stable = len(self._stable)
+        if y < stable:
+            line = self._stable[y]
+        elif y - stable < len(self._live):
+            line = self._live[y - stable]
+        else:
+            return Strip.blank(width, self._line_style)
+        return Strip(line).adjust_cell_length(width).apply_style(self._line_style)

@@ -23,6 +23,7 @@ from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
 from tui.telemetry import anatomy_parts
 from tui.widgets.field_line import SEPARATOR, FieldLine, pack
 from tui.widgets.live_markdown import LiveMarkdown
+from tui.widgets.single_layout import SingleLayout
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView, latency_text
 
 if TYPE_CHECKING:
@@ -241,15 +242,15 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     return table, plain
 
 
-class ReplyBlock(Vertical):
-    """The primary copy streams into a Markdown widget and a TokenLatencyView; extra
+class ReplyBlock(SingleLayout, Vertical):
+    """The primary copy streams into a LiveMarkdown and a TokenLatencyView; extra
     concurrent copies show as one status line each, or counted when there are many, and
     end as one table. A finished reply's footer is followed by its TTFT split, when known.
 
-    Tokens are appended with `Markdown.append` (append-only: only the last block is parsed
-    again), once per screen tick with everything received since the last one. That is
-    MarkdownStream's coalescing, done on the screen's clock: the append then lands in the
-    same frame as the plots and status lines, instead of costing frames of its own.
+    Tokens are appended to the LiveMarkdown (append-only: only the last block is rendered
+    again), once per screen tick with everything received since the last one, so the
+    append lands in the same frame as the status lines instead of costing frames of its
+    own.
     """
 
     DEFAULT_CSS = """
@@ -392,12 +393,12 @@ class ReplyBlock(Vertical):
     # -- folding ---------------------------------------------------------------------------
     async def fold(self, user: Text | None = None) -> None:
         """Become one Static: a finished reply is read, not streamed into, and its six
-        widgets (Markdown with a widget per paragraph, the latency view, footer lines)
-        cost about 25 KiB each plus their render caches, for as long as the session lasts.
+        widgets (the Markdown with its rendered lines, the latency view, footer lines)
+        cost tens of KiB each plus their render caches, for as long as the session lasts.
 
-        The body is drawn by rich's Markdown renderer (paragraphs get a blank line between
-        them), or, with latency colours on, as coloured tokens; the footer and the TTFT
-        split keep their words. Colours are the theme's at the time of folding.
+        The body is drawn by rich's Markdown renderer, as LiveMarkdown drew it, or, with
+        latency colours on, as coloured tokens; the footer and the TTFT split keep their
+        words. Colours are the theme's at the time of folding.
         """
         if self._folded is not None or not self.done or not self.is_mounted:
             return
@@ -499,7 +500,7 @@ class ReplyBlock(Vertical):
         if self._latency_mode:
             self.query_one(TokenLatencyView).sync()
         if fresh:
-            await self.query_one(".reply-markdown", LiveMarkdown).append_live(fresh)
+            self.query_one(".reply-markdown", LiveMarkdown).append_live(fresh)
 
     async def tick(self) -> None:
         """Show what arrived since the last tick; the screen's timer calls this ~15 times a

@@ -1,0 +1,209 @@
+"""The streaming reply's Markdown: where blocks end, what a frame repaints and lays out,
+and that it ends looking exactly like rich's Markdown (what a folded reply shows).
+
+LiveMarkdown exists to keep frames small under a fast stream (benchmarks/ui_lag.py), so
+each test checks both halves: the screen shows the text, and no more than the changed
+part was drawn again or laid out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.markdown import Markdown as RichMarkdown
+from textual import _compositor
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from tui.widgets.live_markdown import RESERVE_MIN, RESERVE_SHARE, BlockSplitter, LiveMarkdown
+
+if TYPE_CHECKING:
+    from pathlib import PurePath
+
+    import pytest
+
+DOCUMENT = """# Title
+
+Some *intro* paragraph with `code` and more words, enough to wrap at this width.
+
+1. first
+2. second
+
+3. third, a loose list
+
+   still the third item
+
+```python
+def f(x):
+
+    return x
+```
+
+    indented code
+
+    more of it
+
+> a quote
+> on two lines
+
+- a
+- b
+
+Last line."""
+
+
+def blocks_of(text: str, chunk: int) -> tuple[list[str], str]:
+    """The finished blocks and the live rest, fed `chunk` characters at a time."""
+    splitter = BlockSplitter()
+    blocks: list[str] = []
+    for end in range(chunk, len(text) + chunk, chunk):
+        blocks += splitter.feed(text[:end])
+    return blocks, text[splitter.stable_end :]
+
+
+def test_blocks_end_at_blank_lines_but_not_inside_fences_lists_or_indented_code() -> None:
+    for chunk in (1, 7, len(DOCUMENT)):
+        blocks, live = blocks_of(DOCUMENT, chunk)
+        assert [block.split("\n")[0] for block in blocks] == [
+            "# Title",
+            "Some *intro* paragraph with `code` and more words, enough to wrap at this width.",
+            "1. first",
+            "```python",
+            "    indented code",
+            "> a quote",
+        ]
+        assert "3. third" in blocks[2] and "still the third item" in blocks[2]
+        assert "    return x\n```" in blocks[3]
+        assert "more of it" in blocks[4]
+        # "Last line." is not a whole line yet: it does not end the list before it.
+        assert live == "- a\n- b\n\nLast line."
+        assert "\n".join(blocks) + "\n" + live == DOCUMENT  # the blank lines between
+
+
+def test_a_paragraph_is_held_back_until_a_line_shows_it_ended() -> None:
+    splitter = BlockSplitter()
+    assert splitter.feed("One paragraph.\n\n") == []  # the next line may be a list item
+    assert splitter.feed("One paragraph.\n\n Two, after a space.\n") == ["One paragraph.\n"]
+    assert splitter.stable_end == len("One paragraph.\n\n")
+
+
+class Transcript(App[None]):
+    CSS_PATH: ClassVar[list[str | PurePath]] = []
+    CSS = "LiveMarkdown, Static { margin: 0; padding: 0; }"
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield LiveMarkdown(id="live")
+            yield Static(id="plain")
+
+
+def screen_lines(app: App[None], rows: int) -> list[str]:
+    return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()[:rows]]
+
+
+async def test_streamed_in_pieces_it_looks_like_richs_markdown_of_the_whole_text() -> None:
+    app = Transcript()
+    async with app.run_test(size=(50, 80)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        plain = app.query_one("#plain", Static)
+        plain.display = False
+        for start in range(0, len(DOCUMENT), 5):
+            live.append_live(DOCUMENT[start : start + 5])
+            await pilot.pause()
+        live.settle()
+        await pilot.pause()
+        rows = live.outer_size.height
+        assert rows == live.text_lines
+        streamed = screen_lines(app, rows)
+        plain.update(RichMarkdown(DOCUMENT))
+        plain.display = True
+        live.display = False
+        await pilot.pause()
+        assert plain.outer_size.height == rows
+        assert screen_lines(app, rows) == streamed
+        assert any("def f(x):" in line for line in streamed)
+
+
+def marked_rows(widget: LiveMarkdown) -> set[int]:
+    return {y for region in widget._repaint_regions for y in region.line_range}
+
+
+class CountingReflows:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = _compositor.Compositor.reflow
+
+        def reflow(compositor: _compositor.Compositor, *args: object) -> object:
+            self.count += 1
+            return real(compositor, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_compositor.Compositor, "reflow", reflow)
+
+
+async def test_appends_that_fit_repaint_their_rows_and_each_step_is_one_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reflows = CountingReflows(monkeypatch)
+    app = Transcript()
+    words = [f"word{i:03d}" + ("\n\n" if i % 40 == 39 else " ") for i in range(200)]
+    async with app.run_test(size=(60, 40)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        app.query_one("#plain", Static).display = False
+        now = 0.0
+        live.clock = lambda: now
+        live.append_live(words[0])
+        await pilot.pause()
+        reflows.count = 0
+        steps = 0
+        for word in words[1:]:
+            now += 0.05
+            reserved = live.reserved
+            stable_rows = len(live._stable)
+            pending = marked_rows(live)  # a layout's repaint may not be drawn yet
+            live.append_live(word)
+            if live.reserved != reserved:
+                steps += 1
+            else:
+                # What the append changed: the live block's rows, nothing above them.
+                rows = marked_rows(live) - pending
+                assert not rows or min(rows) >= stable_rows
+            await pilot.pause()
+        assert live.text_lines > 40 // RESERVE_SHARE  # streamed past the biggest step
+        assert len(live._stable) > 0  # and past a few paragraphs
+        # Each step of the reserve is one layout; nothing else lays out (a new paragraph
+        # included), and no second layout follows a step (tui/widgets/single_layout.py).
+        assert 1 <= steps <= 8
+        assert reflows.count == steps
+        assert live.outer_size.height > live.text_lines  # room under the text
+        live.settle()
+        await pilot.pause()
+        assert live.outer_size.height == live.text_lines
+
+
+async def test_the_room_follows_the_rate_the_text_grows_and_the_screen() -> None:
+    app = Transcript()
+    now = 0.0
+    async with app.run_test(size=(80, 24)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        live.clock = lambda: now
+        app.query_one("#plain", Static).display = False
+
+        async def stream(words: int, seconds_per_word: float) -> None:
+            nonlocal now
+            for i in range(words):
+                now += seconds_per_word
+                live.append_live(f" word{i:03d}")
+                await pilot.pause()
+
+        # Fast (100 words a second, about 11 lines a second): as much as half the screen.
+        await stream(300, 0.01)
+        assert live._step_lines == 24 // RESERVE_SHARE
+        room = live.reserved - live.text_lines
+        assert 1 <= room <= 24 // RESERVE_SHARE
+        # Slow (a word every 2 s, a line in ~16 s): the smallest step.
+        await stream(40, 2.0)
+        assert live._step_lines == RESERVE_MIN
+        # Moderate (a line a second): two seconds' worth.
+        await stream(60, 1 / 9)
+        assert 2 <= live._step_lines <= 3
