@@ -14,14 +14,20 @@ from rich.markdown import Markdown as RichMarkdown
 from textual import _compositor
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import Static
+from textual.widgets import Input, Static
+from tui_helpers import engine_ready, make_app, reply_done, tui_config_dir, wait_until
 
+from engine.clock import RealClock
+from engine.fake import FakeConfig, FakeEngine
+from tui.widgets.chat_pane import ChatPane
 from tui.widgets.live_markdown import RESERVE_MIN, RESERVE_SHARE, BlockSplitter, LiveMarkdown
 
 if TYPE_CHECKING:
     from pathlib import PurePath
 
     import pytest
+
+__all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
 
 DOCUMENT = """# Title
 
@@ -207,3 +213,91 @@ async def test_the_room_follows_the_rate_the_text_grows_and_the_screen() -> None
         # Moderate (a line a second): two seconds' worth.
         await stream(60, 1 / 9)
         assert 2 <= live._step_lines <= 3
+
+
+class ChatApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield ChatPane()
+
+
+async def test_the_transcript_shows_its_scrollbar_once_full_and_each_step_is_one_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reflows = CountingReflows(monkeypatch)
+    async with ChatApp().run_test(size=(60, 40)) as pilot:
+        chat = pilot.app.query_one(ChatPane)
+        transcript = chat.transcript
+        await chat.add_user_message("Tell me a long story.")
+        await pilot.pause()
+        assert not transcript.show_vertical_scrollbar
+        reply = await chat.add_reply("assistant · r1", ["r1"])
+        live = reply.query_one(LiveMarkdown)
+        await pilot.pause()
+        now = 0.0
+        live.clock = lambda: now
+        steps = 0
+        reflows.count = 0
+        for i in range(150):
+            now += 0.05
+            reserved = live.reserved
+            live.append_live(f"word{i:03d} ")
+            steps += live.reserved != reserved
+            await pilot.pause()
+        assert live.text_lines > transcript.container_size.height  # it overflowed...
+        assert transcript.show_vertical_scrollbar  # ...and the scrollbar shows
+        assert transcript.vertical_scrollbar in pilot.app.screen._compositor.visible_widgets
+        # One layout per step of the reserve, plus one when the scrollbar appeared.
+        assert steps >= 3
+        assert reflows.count <= steps + 1
+
+
+async def test_in_the_app_a_growing_reply_costs_one_layout_per_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Textual lays out again after any change of a widget's virtual size; in the full app
+    # that doubled every step of the reserve (the transcript's, tui/widgets/chat_pane.py;
+    # the reply's, tui/widgets/single_layout.py).
+    reflows = CountingReflows(monkeypatch)
+    steps = 0
+    real_step = LiveMarkdown._next_step
+
+    def counting_step(live: LiveMarkdown) -> int:
+        nonlocal steps
+        steps += 1
+        return real_step(live)
+
+    monkeypatch.setattr(LiveMarkdown, "_next_step", counting_step)
+    words = tuple(f"w{i}" + ("\n\n" if i % 50 == 49 else "") for i in range(2000))
+    fast = FakeConfig(
+        max_model_len=4096,
+        total_blocks=512,
+        decode_step_s=0.002,
+        prefill_base_s=0.001,
+        reply_words=words,
+    )
+    app = make_app(engine=FakeEngine(fast, clock=RealClock()))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        main.controls.query_one("#max-tokens", Input).value = "2000"
+        await pilot.pause()
+        await main.send("Tell me a long story.", synthetic=False)
+        reply = main.current
+        assert reply is not None
+        transcript = main.chat.transcript
+        # Past the stream's start (the footer's keys change, the block map fills) and the
+        # transcript's first overflow (its scrollbar appears, narrowing the reply).
+        await wait_until(
+            pilot,
+            lambda: reply.primary.received >= 300 and transcript.show_vertical_scrollbar,
+            what="300 tokens and a scrollbar",
+        )
+        await pilot.pause()
+        reflows.count = steps = 0
+        await wait_until(pilot, lambda: reply.primary.received >= 1800, 60, "1,800 tokens")
+        assert steps >= 5
+        # Other layouts are rare here (the block map gaining a row); without the
+        # transcript's override this was 18 layouts for 8 steps.
+        assert reflows.count <= steps + 3
+        main.action_stop()
+        await reply_done(pilot)

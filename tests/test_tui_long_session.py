@@ -8,6 +8,7 @@ mechanisms that benchmark depends on.
 from __future__ import annotations
 
 import gc
+import time
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -18,7 +19,7 @@ from textual.widgets._footer import FooterKey  # not re-exported
 from tui_helpers import engine_ready, make_app, reply_done, send_chat, settle, tui_config_dir
 
 from engine.fake import FakeConfig
-from tui.gc_pauses import FULL_GROWTH, GcPolicy
+from tui.gc_pauses import FULL_GROWTH, STREAM_COLLECT_S, GcPolicy
 from tui.widgets.chat_pane import LIVE_REPLIES
 
 __all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
@@ -147,6 +148,18 @@ def test_gc_between_replies_walks_the_whole_heap_only_when_it_grew(
     calls.clear()
     policy.idle(full=True)  # a new chat: the whole old transcript is garbage
     assert calls == ["unfreeze", "collect", "freeze"]
+    # While a reply streams: now and then the survivors are frozen, and nothing is
+    # walked (a collection there was a 10-15 ms frame of its own each second).
+    now = [1_000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    policy.idle()
+    calls.clear()
+    now[0] += STREAM_COLLECT_S / 2
+    policy.streaming_tick()
+    assert calls == []
+    now[0] += STREAM_COLLECT_S
+    policy.streaming_tick()
+    assert calls == ["freeze"]
 
 
 async def test_folded_replies_take_the_new_theme_colours() -> None:
