@@ -8,10 +8,9 @@ most of the p99 lag. The policy here:
 - after start-up, collect once and `gc.freeze()` what is alive (the UI itself), so later
   collections never walk it;
 - while a reply streams, no automatic full collections (young generations still run, and
-  they are short); every `STREAM_COLLECT_S` what survived them is frozen, so no
-  collection walks it during the stream. Collecting it there instead cost 10-15 ms each
-  second at 2,000 tokens/s, a frame over budget of its own; the garbage cycles frozen
-  this way (only what was young at that instant) wait for the next full collection;
+  they are short); every `STREAM_COLLECT_S` one collection of what is not frozen, whose
+  survivors are frozen in turn, so a long stream neither piles up garbage nor makes each
+  of these collections longer than the last;
 - when a reply ends (the user is reading, not waiting), collect what is not frozen and
   freeze the survivors: a few milliseconds;
 - a full collection (thaw, collect, freeze again), which frees the garbage cycles frozen
@@ -66,9 +65,10 @@ class GcPolicy:
     def streaming_tick(self) -> None:
         """Called from the redraw timer while tokens stream."""
         if time.monotonic() - self._last_full > STREAM_COLLECT_S:
-            # Moves the generations into the frozen one (a list splice, no walk), so the
-            # heap the young collections and idle() walk stays small. Anything frozen
-            # here that dies later is freed by a full collection at `idle()`.
+            # Frozen objects stay frozen: this walks only what was made since the last
+            # freeze, and freezing the survivors keeps the next one as short. Anything
+            # frozen here that dies later is freed by the full collection at `idle()`.
+            gc.collect()
             gc.freeze()
             self._last_full = time.monotonic()
 
