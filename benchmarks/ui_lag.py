@@ -14,6 +14,7 @@ process RSS (and Python's own allocations, via tracemalloc's counters) at 5 s an
     python benchmarks/ui_lag.py --no-gc-freeze   # without run_tui's GC policy
     python benchmarks/ui_lag.py --profile /tmp/ui.prof --seconds 10   # cProfile the stream
     python benchmarks/ui_lag.py --long     # 200 replies, 100,000 tokens: memory over a session
+    python benchmarks/ui_lag.py --gpu-scale   # 256 copies of 4,096 tokens, 100,000 blocks
 
 Targets: p99 lag < 16 ms (one frame at 60 fps) at about 2,000 tokens/s, memory flat (RSS
 growth from 5 s to the end < 20 MiB: ring buffers are bounded; what grows is the
@@ -29,6 +30,11 @@ Its lag figure includes the pauses between replies (folding, collecting garbage)
 chat history the model is sent is cleared before each send (100,000 tokens of it would
 not fit the fake's context, and it is a few hundred KiB of strings, not the transcript's
 cost).
+
+The GPU-scale mode is the block map's worst case: a pool of 100,000 blocks drawn at
+"1 char = N blocks", 256 requests of a 4,096-token prompt each holding 256+ blocks, a
+decode step of 25 ms (an H200's, for a 7B model at that batch), so 10,000 tokens/s reach
+the UI. Its figure is the same p99 lag, against the same target.
 
 The screen is 160x48, the three-column layout: the largest area to repaint. Every run
 prints how busy the (shared) host was meanwhile: compare rounds only at similar load.
@@ -108,13 +114,18 @@ async def run(
     step_s: float,
     manage_gc: bool = True,
     profile: str | None = None,
+    prompt_tokens: int = 0,
+    pool_blocks: int = 0,
 ) -> int:
     tokens_per_request = int(seconds / step_s * 1.5) + 100  # outlasts the run
+    context = prompt_tokens + tokens_per_request + 256
     config = FakeConfig(
-        max_model_len=tokens_per_request + 256,
-        total_blocks=copies * (tokens_per_request + 256) // 16 + 64,
+        max_model_len=context,
+        total_blocks=max(pool_blocks, copies * context // 16 + 64),
         decode_step_s=step_s,
         decode_s_per_context_token=0.0,
+        prefill_base_s=0.001,
+        prefill_s_per_token=0.0,
         reply_words=reply_words(tokens_per_request),
     )
     app, engine = make_app(config, manage_gc)
@@ -127,12 +138,14 @@ async def run(
             await pilot.pause(0.05)
         main.controls.concurrency = copies
         main.controls.query_one("#max-tokens").value = str(tokens_per_request)  # type: ignore[attr-defined]
+        if prompt_tokens:
+            main.controls.slider.value = prompt_tokens
         await pilot.pause(0.2)
         gc.collect()
         host = HostLoad().start()
         probe_task = asyncio.create_task(probe(lags, stop))
         t0 = time.perf_counter()
-        await main.send("Stream as fast as you can.", synthetic=False)
+        await main.send("Stream as fast as you can.", synthetic=bool(prompt_tokens))
         reply = main.current
         assert reply is not None
 
@@ -149,6 +162,10 @@ async def run(
         if profiler is not None:
             profiler.disable()
         rss_end, tokens_end, t_end = rss_mib(), delivered(), time.perf_counter()
+        latest = app.telemetry.latest
+        held_end = latest.total_blocks - latest.free_blocks if latest is not None else 0
+        block_map = main.engine_panel.block_map
+        per_cell = block_map.blocks_per_cell(block_map.content_size.width)
         blocks_end = sys.getallocatedblocks()
         load = host.note()
         shown = len(reply.tokens)
@@ -168,6 +185,12 @@ async def run(
         f"kvscope UI lag benchmark: {copies} copies, decode step {step_s * 1000:.1f} ms, "
         f"{seconds:.0f} s, {gc_note}{', under cProfile' if profiler else ''}"
     )
+    if prompt_tokens:
+        print(
+            f"  pool {config.total_blocks:,} blocks, {copies} prompts of {prompt_tokens:,} "
+            f"tokens; the block map draws 1 char = {per_cell:,} blocks; "
+            f"blocks held at the end: {held_end:,}"
+        )
     print(f"  {load}")
     print(
         f"  tokens delivered to the UI : {tokens_end:,} ({rate:,.0f} tokens/s from 5 s to the end)"
@@ -301,6 +324,11 @@ def main() -> int:
         help="cProfile the measured window (after 5 s); print the top entries, save to FILE",
     )
     parser.add_argument("--long", action="store_true", help="a 200-reply session, for memory")
+    parser.add_argument(
+        "--gpu-scale",
+        action="store_true",
+        help="256 copies of a 4,096-token prompt, a 100,000-block pool, a 25 ms step",
+    )
     parser.add_argument("--replies", type=int, default=200, help="--long: how many replies")
     parser.add_argument("--tokens", type=int, default=500, help="--long: tokens per reply")
     args = parser.parse_args()
@@ -309,6 +337,9 @@ def main() -> int:
         # One copy at 2,000 tokens/s: a 0.5 ms step.
         step = (args.step_ms if args.step_ms is not None else 0.5) / 1000.0
         return asyncio.run(run_long(args.replies, args.tokens, step, manage_gc))
+    if args.gpu_scale:
+        step = (args.step_ms if args.step_ms is not None else 25.0) / 1000.0
+        return asyncio.run(run(args.seconds, 256, step, manage_gc, args.profile, 4096, 100_000))
     step = (args.step_ms if args.step_ms is not None else 6.0) / 1000.0
     return asyncio.run(run(args.seconds, args.copies, step, manage_gc, profile=args.profile))
 
