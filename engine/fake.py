@@ -155,7 +155,7 @@ class FakeConfig:
     max_num_batched_tokens: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # live state, compared by identity (`in` a queue is O(1) per item)
 class _Live:
     request: GenerationRequest
     prompt_ids: tuple[int, ...]

@@ -18,7 +18,7 @@ from tui_helpers import block_sample
 
 from engine.events import RequestBlocks
 from tui.widgets.box_titles import retitle
-from tui.widgets.kv_block_map import KvBlockMap
+from tui.widgets.kv_block_map import KvBlockMap, cells_of
 
 if TYPE_CHECKING:
     from textual.widget import Widget
@@ -79,31 +79,51 @@ class MapApp(App[None]):
         yield self.block_map
 
 
+def owners_from_scratch(blocks: tuple[RequestBlocks, ...], total: int) -> list[str | None]:
+    owners: list[str | None] = [None] * total
+    for req in blocks:
+        for block in req.block_ids:
+            owners[block] = req.request_id
+    return owners
+
+
 async def test_block_map_repaints_changed_rows_and_the_screen_matches_a_full_draw() -> None:
     block_map = KvBlockMap()
     rng = random.Random(7)
-    total = 200
     async with MapApp(block_map).run_test(size=(30, 20)) as pilot:
-        held: dict[str, list[int]] = {"a": [0, 1], "b": [2]}
-        free = list(range(3, total))
-        for _ in range(40):
-            # Requests grow by a block or two, sometimes one ends and another starts.
-            for ids in held.values():
-                for _ in range(rng.randint(0, 2)):
-                    if free:
-                        ids.append(free.pop(rng.randrange(len(free))))
-            if rng.random() < 0.2:
-                gone = rng.choice(sorted(held))
-                free.extend(held.pop(gone))
-                held[f"r{rng.randint(0, 999)}"] = [free.pop(0)]
-            blocks = tuple(
-                RequestBlocks(rid, tuple(ids), 16 * len(ids)) for rid, ids in sorted(held.items())
-            )
-            block_map.show_sample(block_sample(blocks, total))
-            await pilot.pause()
-            shown = screen_lines(app=block_map.app)[: block_map.size.height]
-            expected = block_map.as_text().plain.splitlines()
-            assert [line.rstrip() for line in shown] == [line.rstrip() for line in expected]
+        for total in (200, 1_000):  # one character a block, then several
+            held: dict[str, list[int]] = {"a": [0, 1], "b": [2]}
+            free = list(range(3, total))
+            for _ in range(40):
+                # Requests grow by a block or two, sometimes one ends and another starts,
+                # sometimes sharing the first blocks of another (a cached prefix).
+                for ids in held.values():
+                    for _ in range(rng.randint(0, 2)):
+                        if free:
+                            ids.append(free.pop(rng.randrange(len(free))))
+                if rng.random() < 0.2:
+                    gone = rng.choice(sorted(held))
+                    released = held.pop(gone)
+                    still = {b for ids in held.values() for b in ids}
+                    free.extend(b for b in released if b not in still)
+                    held[f"r{rng.randint(0, 999)}"] = [free.pop(0)]
+                if rng.random() < 0.2 and 0 < len(held) < 5:
+                    source = held[rng.choice(sorted(held))]
+                    held[f"s{rng.randint(0, 999)}"] = source[: rng.randint(1, len(source))]
+                blocks = tuple(
+                    RequestBlocks(rid, tuple(ids), 16 * len(ids))
+                    for rid, ids in sorted(held.items())
+                )
+                block_map.show_sample(block_sample(blocks, total))
+                await pilot.pause()
+                shown = screen_lines(app=block_map.app)[: block_map.size.height]
+                expected = block_map.as_text().plain.splitlines()
+                assert [line.rstrip() for line in shown] == [line.rstrip() for line in expected]
+                # What a step updated in place is what a rebuild from the sample gives.
+                owners = owners_from_scratch(blocks, total)
+                per = block_map.blocks_per_cell(30)
+                assert block_map.cells(30) == cells_of(owners, per)
+                assert block_map.free_blocks == owners.count(None)
 
 
 async def test_block_map_step_marks_only_the_rows_that_changed() -> None:
