@@ -143,3 +143,19 @@ async def test_block_map_step_marks_only_the_rows_that_changed() -> None:
         assert grid_rows in rows  # the legend
         assert all(y == 1 or y >= grid_rows for y in rows)
         await pilot.pause()
+
+
+async def test_block_map_names_the_first_requests_and_counts_the_rest() -> None:
+    block_map = KvBlockMap()
+    async with MapApp(block_map).run_test(size=(60, 30)) as pilot:
+        blocks = tuple(
+            RequestBlocks(f"r{i}", tuple(range(4 * i, 4 * i + 4)), 64) for i in range(300)
+        )
+        block_map.show_sample(block_sample(blocks, 100_000))
+        await pilot.pause()
+        text = block_map.as_text().plain
+        assert "█ r7 4 blk" in text
+        assert "r8 " not in text
+        assert "+292 more requests, 1,168 blk" in text
+        assert "free 98800/100000" in text
+        assert block_map.outer_size.height < 30  # the legend does not take the screen

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from engine.events import RequestBlocks, StepSample
 
 REQUEST_COLOURS = 8
+LEGEND_REQUESTS = 8
+"""Requests named in the legend; the rest are counted on one line (at GPU scale there
+are hundreds, and colours repeat after eight anyway)."""
 FREE = "·"
 USED = "█"
 # Shades for a cell that stands for several blocks, by the share of them in use.
@@ -269,10 +272,16 @@ class KvBlockMap(Widget):
 
     def _legend_entries(self, per_cell: int) -> list[tuple[str, str]]:
         entries: list[tuple[str, str]] = []
-        for req in self.requests:
+        shown = self.requests[:LEGEND_REQUESTS]
+        for req in shown:
             colour = self._colours.get(req.request_id, 0)
             label = f"{USED} {req.request_id} {len(req.block_ids)} blk {req.num_tokens:,} tok"
             entries.append((label, f"kv-block-map--req-{colour}"))
+        if len(self.requests) > len(shown):
+            rest = self.requests[len(shown) :]
+            blocks = sum(len(req.block_ids) for req in rest)
+            more = f"+{len(rest):,} more requests, {blocks:,} blk"
+            entries.append((more, "kv-block-map--legend"))
         entries.append(
             (f"{FREE} free {self.free_blocks}/{self.total_blocks}", "kv-block-map--free")
         )
