@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.markdown import Markdown as RichMarkdown
+from rich.syntax import Syntax
 from textual import _compositor
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
@@ -20,7 +21,13 @@ from tui_helpers import engine_ready, make_app, reply_done, tui_config_dir, wait
 from engine.clock import RealClock
 from engine.fake import FakeConfig, FakeEngine
 from tui.widgets.chat_pane import ChatPane
-from tui.widgets.live_markdown import RESERVE_MIN, RESERVE_SHARE, BlockSplitter, LiveMarkdown
+from tui.widgets.live_markdown import (
+    CODE_CHUNK,
+    RESERVE_MIN,
+    RESERVE_SHARE,
+    BlockSplitter,
+    LiveMarkdown,
+)
 
 if TYPE_CHECKING:
     from pathlib import PurePath
@@ -301,3 +308,45 @@ async def test_in_the_app_a_growing_reply_costs_one_layout_per_step(
         assert reflows.count <= steps + 3
         main.action_stop()
         await reply_done(pilot)
+
+
+async def test_an_open_code_fence_is_highlighted_a_chunk_at_a_time_and_looks_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code = "Some code:\n\n```python\n" + "".join(
+        f"def f{i}(x):\n    return x * {i}  # note {i}\n" for i in range(60)
+    )
+    highlighted = 0  # lines handed to the highlighter, over the whole stream
+    real_highlight = Syntax.highlight
+
+    def counting(syntax: Syntax, code: str, *args: object) -> object:
+        nonlocal highlighted
+        highlighted += code.count("\n") + 1
+        return real_highlight(syntax, code, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Syntax, "highlight", counting)
+    app = Transcript()
+    async with app.run_test(size=(60, 160)) as pilot:
+        live = app.query_one("#live", LiveMarkdown)
+        plain = app.query_one("#plain", Static)
+        plain.display = False
+        appends = 0
+        for start in range(0, len(code), 40):
+            live.append_live(code[start : start + 40])
+            appends += 1
+            await pilot.pause()
+        # Each append highlights the lines after the last whole chunk, and at most one
+        # new chunk, not the whole fence again (that was 4,008 lines for these 62 appends).
+        assert CODE_CHUNK <= 32
+        assert highlighted <= appends * (CODE_CHUNK + 2) + 120
+        live.settle()
+        await pilot.pause()
+        rows = live.outer_size.height
+        assert rows > 120
+        streamed = screen_lines(app, rows)
+        plain.update(RichMarkdown(code))  # the fence still open: rich draws it to the end
+        plain.display = True
+        live.display = False
+        await pilot.pause()
+        assert plain.outer_size.height == rows
+        assert screen_lines(app, rows) == streamed

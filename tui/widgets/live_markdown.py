@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
 from rich.style import Style
+from rich.syntax import Syntax
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -46,6 +47,11 @@ STEP_EVERY_S = 2.0
 """A step holds this long at the rate the text grew since the last one."""
 
 FENCES = ("```", "~~~")
+CODE_THEME = "monokai"
+"""rich's Markdown's default for code blocks, which folded replies use too."""
+CODE_CHUNK = 16
+"""Lines of an open code fence highlighted together, once: re-highlighting the whole
+fence on every append cost 32 ms at 100 lines and 81 ms at 300 (rich, width 60)."""
 
 
 def _fence_marker(line: str) -> str | None:
@@ -120,6 +126,11 @@ class BlockSplitter:
             self._fence = _fence_marker(line)
         return finished
 
+    @property
+    def open_fence(self) -> str | None:
+        """The marks of the code fence the live block is inside, if any."""
+        return self._fence
+
     def _goes_on(self, indent: int, stripped: str) -> bool:
         """Whether a line after a blank one continues the live block."""
         if self._kind == "list":
@@ -152,6 +163,8 @@ class LiveMarkdown(SingleLayout, Widget):
         self._step_lines = RESERVE_START
         self._last_step: tuple[float, int] | None = None  # when, and the text's lines then
         self._line_style = Style()
+        # An open fence's whole chunks of CODE_CHUNK lines, highlighted once, at _width.
+        self._code_chunks: list[list[list[Segment]]] = []
 
     @property
     def text_lines(self) -> int:
@@ -178,7 +191,9 @@ class LiveMarkdown(SingleLayout, Widget):
             return
         for block in finished:
             self._stable += self._separated(self._render_markdown(block, width))
-        self._live = self._separated(self._render_markdown(self._live_source(), width))
+        if finished:
+            self._code_chunks = []
+        self._live = self._separated(self._render_live(width))
         lines = self.text_lines
         if lines >= self._reserved - 1:  # keep at least one empty row ahead of the text
             self._reserved = lines + self._next_step()
@@ -219,6 +234,41 @@ class LiveMarkdown(SingleLayout, Widget):
         options = console.options.update(width=width, height=None)
         return console.render_lines(RichMarkdown(markdown), options, pad=False)
 
+    def _render_live(self, width: int) -> list[list[Segment]]:
+        """The live block's lines. An open code fence at the margin is highlighted in
+        chunks of whole lines, each once, plus the lines after the last whole chunk;
+        anything else (and the fence, once closed) as rich's Markdown draws it."""
+        source = self._live_source()
+        fence = self._splitter.open_fence
+        first, _, code = source.partition("\n")
+        if fence is None or not first.startswith(fence) or width < 3:
+            return self._render_markdown(source, width)
+        lexer = first[len(fence) :].strip().partition(" ")[0] or "text"
+        lines = code.split("\n")
+        done = len(self._code_chunks) * CODE_CHUNK
+        while len(lines) - 1 - done >= CODE_CHUNK:  # the last item is not a whole line
+            chunk = lines[done : done + CODE_CHUNK]
+            self._code_chunks.append(self._highlight(chunk, lexer, width, top=not done))
+            done += CODE_CHUNK
+        tail = self._highlight(lines[done:], lexer, width, top=not done, bottom=True)
+        return [line for chunk in self._code_chunks for line in chunk] + tail
+
+    def _highlight(
+        self, lines: list[str], lexer: str, width: int, *, top: bool, bottom: bool = False
+    ) -> list[list[Segment]]:
+        # As rich's Markdown draws a code block (Syntax, padding 1), cut into pieces.
+        code = "\n".join(lines).rstrip() if bottom else "\n".join(lines)
+        syntax = Syntax(
+            code,
+            lexer,
+            theme=CODE_THEME,
+            word_wrap=True,
+            padding=(int(top), 1, int(bottom), 1),
+        )
+        console = self.app.console
+        options = console.options.update(width=width, height=None)
+        return console.render_lines(syntax, options, pad=False)
+
     def _separated(self, lines: list[list[Segment]]) -> list[list[Segment]]:
         """A block's lines as they follow the blocks before it: rich's Markdown puts one
         blank line between top-level blocks, and starts some (lists, quotes) with one of
@@ -235,7 +285,8 @@ class LiveMarkdown(SingleLayout, Widget):
         self._stable = []
         for block in self._blocks:
             self._stable += self._separated(self._render_markdown(block, width))
-        self._live = self._separated(self._render_markdown(self._live_source(), width))
+        self._code_chunks = []
+        self._live = self._separated(self._render_live(width))
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._width:
