@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import pytest
 from rich.markdown import Markdown as RichMarkdown
 from rich.syntax import Syntax
 from textual import _compositor
@@ -31,8 +32,6 @@ from tui.widgets.live_markdown import (
 
 if TYPE_CHECKING:
     from pathlib import PurePath
-
-    import pytest
 
 __all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
 
@@ -115,27 +114,33 @@ def screen_lines(app: App[None], rows: int) -> list[str]:
     return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()[:rows]]
 
 
-async def test_streamed_in_pieces_it_looks_like_richs_markdown_of_the_whole_text() -> None:
+FENCES_WITHOUT_BLANKS = "```python\na = 1\n```\nText between.\n```js\nlet b = 2;\n"
+
+
+@pytest.mark.parametrize("document", [DOCUMENT, FENCES_WITHOUT_BLANKS], ids=["mixed", "fences"])
+async def test_streamed_in_pieces_it_looks_like_richs_markdown_of_the_whole_text(
+    document: str,
+) -> None:
     app = Transcript()
     async with app.run_test(size=(50, 80)) as pilot:
         live = app.query_one("#live", LiveMarkdown)
         plain = app.query_one("#plain", Static)
         plain.display = False
-        for start in range(0, len(DOCUMENT), 5):
-            live.append_live(DOCUMENT[start : start + 5])
+        for start in range(0, len(document), 5):
+            live.append_live(document[start : start + 5])
             await pilot.pause()
         live.settle()
         await pilot.pause()
         rows = live.outer_size.height
         assert rows == live.text_lines
         streamed = screen_lines(app, rows)
-        plain.update(RichMarkdown(DOCUMENT))
+        plain.update(RichMarkdown(document))
         plain.display = True
         live.display = False
         await pilot.pause()
         assert plain.outer_size.height == rows
         assert screen_lines(app, rows) == streamed
-        assert any("def f(x):" in line for line in streamed)
+        assert any(("def f(x):" in line or "let b = 2;" in line) for line in streamed)
 
 
 def marked_rows(widget: LiveMarkdown) -> set[int]:
@@ -227,10 +232,10 @@ class ChatApp(App[None]):
         yield ChatPane()
 
 
-async def test_the_transcript_shows_its_scrollbar_once_full_and_each_step_is_one_layout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    reflows = CountingReflows(monkeypatch)
+async def test_the_transcript_shows_its_scrollbar_once_a_reply_overflows_it() -> None:
+    # The transcript skips Textual's second layout after a growth, except when it first
+    # overflows (tui/widgets/chat_pane.py). The layout count is checked in the full app,
+    # below; this small app does not run that second layout either way.
     async with ChatApp().run_test(size=(60, 40)) as pilot:
         chat = pilot.app.query_one(ChatPane)
         transcript = chat.transcript
@@ -240,22 +245,12 @@ async def test_the_transcript_shows_its_scrollbar_once_full_and_each_step_is_one
         reply = await chat.add_reply("assistant · r1", ["r1"])
         live = reply.query_one(LiveMarkdown)
         await pilot.pause()
-        now = 0.0
-        live.clock = lambda: now
-        steps = 0
-        reflows.count = 0
         for i in range(150):
-            now += 0.05
-            reserved = live.reserved
             live.append_live(f"word{i:03d} ")
-            steps += live.reserved != reserved
             await pilot.pause()
         assert live.text_lines > transcript.container_size.height  # it overflowed...
         assert transcript.show_vertical_scrollbar  # ...and the scrollbar shows
         assert transcript.vertical_scrollbar in pilot.app.screen._compositor.visible_widgets
-        # One layout per step of the reserve, plus one when the scrollbar appeared.
-        assert steps >= 3
-        assert reflows.count <= steps + 1
 
 
 async def test_in_the_app_a_growing_reply_costs_one_layout_per_step(

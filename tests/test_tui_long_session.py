@@ -19,6 +19,7 @@ from textual.widgets._footer import FooterKey  # not re-exported
 from tui_helpers import engine_ready, make_app, reply_done, send_chat, settle, tui_config_dir
 
 from engine.fake import FakeConfig
+from tui.app import KvscopeApp
 from tui.gc_pauses import FULL_GROWTH, STREAM_COLLECT_S, GcPolicy
 from tui.widgets.chat_pane import LIVE_REPLIES
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     import pytest
     from textual.pilot import Pilot
 
-    from tui.app import KvscopeApp
     from tui.widgets.reply_block import ReplyBlock
 
 WIDE = (160, 48)
@@ -40,6 +40,17 @@ async def chat(pilot: Pilot[int], replies: int) -> None:
         await send_chat(pilot, f"message {n}")
         await reply_done(pilot)
     await settle(pilot)
+
+
+async def first_reply_folded(pilot: Pilot[int]) -> ReplyBlock:
+    """Three replies, once the engine is up; the first is folded by then."""
+    await engine_ready(pilot)
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    await chat(pilot, 3)
+    first = app.main_screen.chat.replies()[0]
+    assert first.folded
+    return first
 
 
 def body(reply: ReplyBlock) -> object:
@@ -87,11 +98,7 @@ async def test_older_replies_fold_into_one_static_and_keep_their_words() -> None
 async def test_latency_colours_reach_folded_replies_too() -> None:
     app: KvscopeApp = make_app(FakeConfig(reply_words=WORDS, stalls=((5, 0.5),)))
     async with app.run_test(size=WIDE) as pilot:
-        await engine_ready(pilot)
-        main = app.main_screen
-        await chat(pilot, 3)
-        first = main.chat.replies()[0]
-        assert first.folded
+        first = await first_reply_folded(pilot)
         await pilot.press("ctrl+l")
         await settle(pilot)
         coloured = body(first)
@@ -166,11 +173,7 @@ def test_gc_between_replies_walks_the_whole_heap_only_when_it_grew(
 async def test_folded_replies_take_the_new_theme_colours() -> None:
     app: KvscopeApp = make_app(FakeConfig(reply_words=WORDS), theme="kvscope-dark")
     async with app.run_test(size=WIDE) as pilot:
-        await engine_ready(pilot)
-        main = app.main_screen
-        await chat(pilot, 3)
-        first = main.chat.replies()[0]
-        assert first.folded
+        first = await first_reply_folded(pilot)
 
         def title_colour() -> str:
             static = first.query_one(".reply-folded", Static)

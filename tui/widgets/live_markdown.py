@@ -90,6 +90,7 @@ class BlockSplitter:
         self._fence: str | None = None
         self._blank_at: int | None = None  # start of the blank line that may end a block
         self._kind = ""  # the live block's: "list", "code", "other"; "" before its text
+        self._fence_at = -1  # where the line that opened the open fence starts
 
     def feed(self, text: str) -> list[str]:
         """Look at the whole lines of `text` not seen yet; return the blocks they ended."""
@@ -124,12 +125,14 @@ class BlockSplitter:
                 else:
                     self._kind = "list" if _list_item(stripped) else "other"
             self._fence = _fence_marker(line)
+            self._fence_at = start
         return finished
 
     @property
     def open_fence(self) -> str | None:
-        """The marks of the code fence the live block is inside, if any."""
-        return self._fence
+        """The marks of the code fence that opens the live block and is still open (None
+        when the live block starts otherwise, e.g. a line of text before its fence)."""
+        return self._fence if self._fence_at == self.stable_end else None
 
     def _goes_on(self, indent: int, stripped: str) -> bool:
         """Whether a line after a blank one continues the live block."""
