@@ -11,6 +11,7 @@ its TTFT anatomy, as VllmEngine's do. Engine tests never use it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
+from engine.features import IN_PROCESS, EngineFeatures
 from engine.listeners import StepListeners
 from engine.relay import relay
 from engine.sizes import kv_bytes_per_token
@@ -192,6 +194,11 @@ class FakeEngine:
     @property
     def card(self) -> ModelCard | None:
         return self._card
+
+    @property
+    def features(self) -> EngineFeatures:
+        # The fake schedules its own steps, so it knows everything vLLM's scheduler would.
+        return dataclasses.replace(IN_PROCESS, clock=self.clock)
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         c = self.config

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
+    from engine.features import EngineFeatures
     from engine.events import (
         ChatMessage,
         EngineEvent,
@@ -28,6 +29,11 @@ class Engine(Protocol):
 
     @property
     def card(self) -> ModelCard | None: ...
+
+    @property
+    def features(self) -> EngineFeatures:
+        """What this engine offers beyond this protocol (see engine/features.py)."""
+        ...
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard: ...
 

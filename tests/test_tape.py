@@ -42,7 +42,6 @@ from engine.tape import (
     TapeUnwritable,
     TornLastLine,
     default_tape_path,
-    engine_clock,
     latest_tape,
     read_tape,
 )
@@ -125,7 +124,7 @@ async def play_fake_session(engine: RecordingEngine, fake: FakeEngine) -> Sessio
 
 def record_fake_session(path: Path, config: FakeConfig = SMALL_POOL) -> Session:
     fake = FakeEngine(config, VirtualClock())
-    engine = RecordingEngine(fake, TapeRecorder(path, clock=engine_clock(fake)))
+    engine = RecordingEngine(fake, TapeRecorder(path, clock=fake.features.clock))
     engine.start()
     session = asyncio.run(play_fake_session(engine, fake))
     engine.shutdown()

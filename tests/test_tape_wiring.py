@@ -50,7 +50,6 @@ from engine.tape import (
     TapeHasNoSession,
     TapeRecorder,
     TapeUnwritable,
-    engine_clock,
     read_tape,
 )
 from tui.app import KvscopeApp
@@ -329,7 +328,7 @@ def test_a_recording_hands_on_what_the_engine_offers_beyond_the_protocol(tmp_pat
 async def test_the_app_says_where_it_records_and_tapes_each_send(tmp_path: Path) -> None:
     fake = FakeEngine(clock=VirtualClock())
     path = tmp_path / "session.jsonl"
-    recorder = TapeRecorder(path, clock=engine_clock(fake))
+    recorder = TapeRecorder(path, clock=fake.features.clock)
     app = make_app(engine=SessionRecording(fake, recorder))
     app.script = SessionTape(recorder, None).script(None)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -356,7 +355,7 @@ async def test_the_app_says_where_it_records_and_tapes_each_send(tmp_path: Path)
 
 async def test_a_size_cap_notice_comes_as_a_toast(tmp_path: Path) -> None:
     fake = FakeEngine(clock=VirtualClock())
-    recorder = TapeRecorder(tmp_path / "small.jsonl", clock=engine_clock(fake), cap_bytes=6_000)
+    recorder = TapeRecorder(tmp_path / "small.jsonl", clock=fake.features.clock, cap_bytes=6_000)
     app = make_app(engine=SessionRecording(fake, recorder))
     async with app.run_test(size=(160, 48)) as pilot:
         announce_tape(app, recorder, None)
@@ -384,7 +383,7 @@ def killed_mid_reply(path: Path, *, earlier: tuple[ChatMessage, ...] = ()) -> Pa
     """A FakeEngine chat of two turns, recorded, then cut in the second reply as a
     `kill -9` leaves it (the recorder flushes per step; the rest never reached the file)."""
     fake = FakeEngine(clock=VirtualClock())
-    engine = RecordingEngine(fake, TapeRecorder(path, clock=engine_clock(fake)))
+    engine = RecordingEngine(fake, TapeRecorder(path, clock=fake.features.clock))
     engine.start()
 
     async def chat() -> None:

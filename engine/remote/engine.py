@@ -51,6 +51,7 @@ from engine.events import (
     ScrapeSample,
     StepListener,
 )
+from engine.features import REMOTE_DEVICE_PREFIX, EngineFeatures
 from engine.listeners import Listeners, StepListeners
 from engine.relay import relay
 from engine.remote.client import (
@@ -185,6 +186,13 @@ class RemoteEngine:
     def card(self) -> ModelCard | None:
         return self._card
 
+    @property
+    def features(self) -> EngineFeatures:
+        # Samples are /metrics scrapes: no step boundaries, no block IDs, no per-step split.
+        return EngineFeatures(
+            exact_steps=False, physical_block_ids=False, per_step_split=False, remote=self
+        )
+
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Attach: list models, read the KV pool from /metrics, open the three channels.
 
@@ -272,7 +280,7 @@ class RemoteEngine:
             max_model_len=max_len,
             block_size=cache.block_size if cache else 0,
             total_blocks=cache.total_blocks if cache else 0,
-            device=f"remote {self.url}",
+            device=f"{REMOTE_DEVICE_PREFIX}{self.url}",
             unknown=tuple(unknown),
         )
 

@@ -50,6 +50,7 @@ from engine.events import (
     TokenEvent,
     UserMessage,
 )
+from engine.features import EngineFeatures, recorded_features
 from engine.listeners import StepListeners
 from engine.relay import relay
 from engine.tape.errors import RecordingCutOff, ReplayOnly, ReplayRewound, TapeHasNoSession
@@ -160,6 +161,10 @@ class ReplayEngine:
     @property
     def card(self) -> ModelCard | None:
         return self.tape.card if self.tape is not None else None
+
+    @property
+    def features(self) -> EngineFeatures:
+        return recorded_features(self.card, clock=self.clock, replay=self)
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Read the tape (when given a path); raises a TapeError in plain words."""

@@ -27,7 +27,7 @@ from engine.tape.format import FORMAT_VERSION
 from engine.tape.paths import default_tape_path, latest_tape, tapes_dir
 from engine.tape.reader import RecordedRequest, Tape, TapeEntry, Turn, read_tape
 from engine.tape.recorder import DEFAULT_CAP_BYTES, TapeRecorder
-from engine.tape.recording import RecordingEngine, engine_clock, record
+from engine.tape.recording import RecordingEngine, record
 
 __all__ = [
     "DEFAULT_CAP_BYTES",
@@ -52,7 +52,6 @@ __all__ = [
     "TornLastLine",
     "Turn",
     "default_tape_path",
-    "engine_clock",
     "latest_tape",
     "read_tape",
     "record",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.events import (
     ChatMessage,
@@ -15,20 +15,15 @@ from engine.events import (
     StepListener,
     UserMessage,
 )
+from engine.delegating import DelegatingEngine
 from engine.tape.recorder import DEFAULT_CAP_BYTES, NoticeCallback, TapeRecorder
 
 if TYPE_CHECKING:
     import os
     from collections.abc import AsyncIterator, Callable, Sequence
 
-    from engine.clock import Clock
+    from engine.features import EngineFeatures
     from engine.protocol import Engine
-
-
-def engine_clock(engine: object) -> Clock | None:
-    """The clock an engine stamps its events with, when it says (the fake does)."""
-    clock = getattr(engine, "clock", None)
-    return clock if clock is not None and callable(getattr(clock, "now", None)) else None
 
 
 def record(
@@ -41,12 +36,12 @@ def record(
     """`inner`, recorded to `path` (None: a new tape in the user's data folder), on the
     clock `inner` stamps its events with. Raises TapeUnwritable."""
     recorder = TapeRecorder(
-        path, cap_bytes=cap_bytes, clock=engine_clock(inner), on_notice=on_notice
+        path, cap_bytes=cap_bytes, clock=inner.features.clock, on_notice=on_notice
     )
     return RecordingEngine(inner, recorder)
 
 
-class RecordingEngine:
+class RecordingEngine(DelegatingEngine):
     """The Engine protocol on top of `inner`, with everything that crosses it taped.
 
     It records the model card when the engine starts, every StepSample (through a step
@@ -54,11 +49,11 @@ class RecordingEngine:
     a stream that raised (with the error's words), and what `record_user_message` is told.
 
     `recorder` should run on the inner engine's clock: `TapeRecorder(path,
-    clock=engine_clock(inner))`, or the default real clock for VllmEngine.
+    clock=inner.features.clock)`, or the default real clock for VllmEngine.
     """
 
     def __init__(self, inner: Engine, recorder: TapeRecorder) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.recorder = recorder
         self._remove_listener: Callable[[], None] | None = inner.add_step_listener(
             recorder.record_step
@@ -66,15 +61,6 @@ class RecordingEngine:
         self._card: ModelCard | None = None
         if inner.card is not None:
             self._record_card(inner.card)
-
-    def __getattr__(self, name: str) -> Any:
-        # What the inner engine offers beyond the protocol (a remote engine's scrape
-        # listener, capabilities, prefix cache, new_session): the playground asks for it by
-        # name, and a recorded --url session must keep its remote view. Only names this
-        # class lacks get here; "inner" guards against recursion while it is being built.
-        if name == "inner" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def _record_card(self, card: ModelCard) -> None:
         # start() on an engine that already runs returns the same card: one record.
@@ -84,16 +70,13 @@ class RecordingEngine:
 
     # -- the protocol ------------------------------------------------------------------------
     @property
-    def card(self) -> ModelCard | None:
-        return self.inner.card
+    def features(self) -> EngineFeatures:
+        return self.inner.features.with_tape(self)
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         card = self.inner.start(progress)
         self._record_card(card)
         return card
-
-    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
-        return self.inner.add_step_listener(listener)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         recorder = self.recorder
@@ -117,15 +100,6 @@ class RecordingEngine:
             if not finished:
                 recorder.record_abandoned(request.request_id)
             raise
-
-    def abort(self, request_id: str) -> None:
-        self.inner.abort(request_id)
-
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-        return self.inner.chat_prompt_ids(messages)
-
-    def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
-        return self.inner.synthetic_prompt(num_tokens, suffix, seed)
 
     def shutdown(self) -> None:
         """Shut the inner engine down (its last events are taped), then close the tape."""

@@ -50,6 +50,7 @@ from engine.events import (
     TokenEvent,
     VllmTimings,
 )
+from engine.features import IN_PROCESS, EngineFeatures
 from engine.listeners import StepListeners
 from engine.paths import engine_log_path
 from engine.prompts import build_synthetic_prompt, chat_prompt_ids
@@ -154,6 +155,10 @@ class VllmEngine:
     @property
     def card(self) -> ModelCard | None:
         return self._card
+
+    @property
+    def features(self) -> EngineFeatures:
+        return IN_PROCESS
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Load the model and start the step thread; blocks until ready or failed."""

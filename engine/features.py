@@ -1,0 +1,107 @@
+"""What an engine offers beyond the Engine protocol's core, declared in one typed place.
+
+Every engine answers `features` with an `EngineFeatures`. A panel that needs more than the
+core asks it here (`engine.features.remote`), and mypy checks the answer: a missing or
+misspelt feature is a type error, never a silently hidden panel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from engine.clock import Clock
+    from engine.events import (
+        ModelCard,
+        PrefixCacheView,
+        RemoteCapabilities,
+        ScrapeListener,
+        UserMessage,
+    )
+    from engine.replay.engine import ReplayEngine
+
+
+class RemoteView(Protocol):
+    """A running server seen from outside: its scrapes, what it can show, its cache."""
+
+    @property
+    def capabilities(self) -> RemoteCapabilities: ...
+
+    def add_scrape_listener(self, listener: ScrapeListener) -> Callable[[], None]:
+        """Call `listener` with every /metrics scrape; returns a function that removes it."""
+        ...
+
+    def prefix_cache(self) -> PrefixCacheView:
+        """The cached blocks the server reported, by hash and chat session."""
+        ...
+
+    def new_session(self, session_id: str | None = None) -> str:
+        """Start a new chat session: the blocks it caches from now on are coloured by it."""
+        ...
+
+
+class SessionTape(Protocol):
+    """A session being recorded: what only the UI knows goes on the tape through this."""
+
+    def record_user_message(
+        self,
+        text: str,
+        *,
+        request_ids: tuple[str, ...] | list[str] = (),
+        synthetic_tokens: int | None = None,
+    ) -> UserMessage:
+        """Tape what the user sent; call it before streaming the requests it starts."""
+        ...
+
+    def record_new_chat(self) -> None:
+        """Tape that the chat started afresh (`--resume` restores only what follows)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFeatures:
+    """The optional parts of one engine. None (or False) means the engine has no such part.
+
+    The flags say what its StepSamples can be trusted for, so that a view says "cannot be
+    known remotely" from the engine's word, not from a guess over samples.
+    """
+
+    exact_steps: bool
+    """A StepSample is one scheduler step of the engine (False: a scrape of a server)."""
+    physical_block_ids: bool
+    """Samples carry each request's physical KV block IDs."""
+    per_step_split: bool
+    """Samples split each step's tokens into prefill and decode."""
+    clock: Clock | None = None
+    """The clock the engine stamps its events with, when it is not the real one."""
+    remote: RemoteView | None = None
+    tape: SessionTape | None = None
+    replay: ReplayEngine | None = None
+    """The tape being played, for the screen that plays it."""
+
+    def with_tape(self, tape: SessionTape) -> EngineFeatures:
+        return replace(self, tape=tape)
+
+
+IN_PROCESS = EngineFeatures(exact_steps=True, physical_block_ids=True, per_step_split=True)
+"""An engine that steps in kvscope's own process and sees its scheduler."""
+
+REMOTE_DEVICE_PREFIX = "remote "
+"""How a remote engine's card names its device: "remote http://host:port"."""
+
+
+def recorded_features(
+    card: ModelCard | None, *, clock: Clock | None, replay: ReplayEngine
+) -> EngineFeatures:
+    """What a tape's samples can show: what the engine that recorded it could."""
+    in_process = card is None or not card.device.startswith(REMOTE_DEVICE_PREFIX)
+    return EngineFeatures(
+        exact_steps=in_process,
+        physical_block_ids=in_process,
+        per_step_split=in_process,
+        clock=clock,
+        replay=replay,
+    )
