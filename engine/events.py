@@ -409,7 +409,9 @@ class PrefixCacheView:
 
 @dataclass(frozen=True, slots=True)
 class RemoteCapabilities:
-    """What a remote engine can show right now; panels read it to say what they cannot."""
+    """What a remote engine can show right now; panels read it to say what they cannot.
+
+    What no remote engine can show (exact steps, block IDs) is in its EngineFeatures."""
 
     url: str
     reachable: bool
@@ -418,9 +420,6 @@ class RemoteCapabilities:
     kv_events: bool
     kv_events_note: str
     server_timings: bool | None  # per-request metrics seen; None before any request ended
-    exact_steps: bool = False
-    physical_block_ids: bool = False
-    per_step_split: bool = False
     notes: tuple[str, ...] = ()  # the limits of a remote view, one sentence each
 
 

@@ -65,16 +65,13 @@ class SessionTape(Protocol):
 class EngineFeatures:
     """The optional parts of one engine. None (or False) means the engine has no such part.
 
-    The flags say what its StepSamples can be trusted for, so that a view says "cannot be
-    known remotely" from the engine's word, not from a guess over samples.
+    `exact_steps` says what its StepSamples can be trusted for, so that a view says "cannot
+    be known remotely" from the engine's word, not from a guess over samples.
     """
 
     exact_steps: bool
-    """A StepSample is one scheduler step of the engine (False: a scrape of a server)."""
-    physical_block_ids: bool
-    """Samples carry each request's physical KV block IDs."""
-    per_step_split: bool
-    """Samples split each step's tokens into prefill and decode."""
+    """A StepSample is one scheduler step, with each request's prefill and decode tokens
+    and its physical block IDs (False: a server's /metrics scrape, which has none)."""
     clock: Clock | None = None
     """The clock the engine stamps its events with, when it is not the real one."""
     remote: RemoteView | None = None
@@ -86,7 +83,7 @@ class EngineFeatures:
         return replace(self, tape=tape)
 
 
-IN_PROCESS = EngineFeatures(exact_steps=True, physical_block_ids=True, per_step_split=True)
+IN_PROCESS = EngineFeatures(exact_steps=True)
 """An engine that steps in kvscope's own process and sees its scheduler."""
 
 REMOTE_DEVICE_PREFIX = "remote "
@@ -100,8 +97,6 @@ def recorded_features(
     in_process = card is None or not card.device.startswith(REMOTE_DEVICE_PREFIX)
     return EngineFeatures(
         exact_steps=in_process,
-        physical_block_ids=in_process,
-        per_step_split=in_process,
         clock=clock,
         replay=replay,
     )

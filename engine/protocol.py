@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
-    from engine.features import EngineFeatures
     from engine.events import (
         ChatMessage,
         EngineEvent,
@@ -16,6 +15,7 @@ if TYPE_CHECKING:
         ProgressCallback,
         StepListener,
     )
+    from engine.features import EngineFeatures
 
 
 @runtime_checkable

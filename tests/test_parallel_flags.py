@@ -19,15 +19,13 @@ def test_parallel_flags_reach_vllms_engine_args() -> None:
             "2",
             "--pipeline-parallel-size",
             "2",
-            "--data-parallel-size",
-            "2",
             "--distributed-executor-backend",
             "ray",
         ]
     )
     args = settings.engine_args
     assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (2, 2)
-    assert args.data_parallel_size == 2
+    assert args.data_parallel_size == 1  # more is refused in-process (tests/test_gpu_true.py)
     assert args.distributed_executor_backend == "ray"
 
 

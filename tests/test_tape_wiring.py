@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_helpers import one_line
 from test_tape import record_fake_session
 from tui_helpers import (
     engine_ready,
@@ -27,7 +28,6 @@ from tui_helpers import (
     reply_done,
     send_chat,
     settle,
-    tui_config_dir,
     wait_until,
 )
 
@@ -43,8 +43,17 @@ from cli.replay import (
     token_times,
 )
 from engine.clock import VirtualClock
-from engine.events import ChatMessage, GenerationRequest, SamplingSettings, TokenEvent
+from engine.events import (
+    ChatMessage,
+    GenerationRequest,
+    PrefixCacheView,
+    RemoteCapabilities,
+    SamplingSettings,
+    ScrapeListener,
+    TokenEvent,
+)
 from engine.fake import FakeEngine
+from engine.features import EngineFeatures
 from engine.tape import (
     RecordingEngine,
     TapeHasNoSession,
@@ -56,9 +65,9 @@ from tui.app import KvscopeApp
 from tui.session_tape import EARLIER_NOTE, announce_tape, restore_transcript
 
 if TYPE_CHECKING:
-    from textual.pilot import Pilot
+    from collections.abc import Callable
 
-__all__ = ["tui_config_dir"]
+    from textual.pilot import Pilot
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "docs" / "tapes" / "kv-pool-preemption.jsonl"
@@ -75,6 +84,10 @@ sys.exit(code)
 """
 
 
+HEAVY = ("HEAVY:",)
+"""How NO_ENGINE's own report on stderr starts: not a line of kvscope's."""
+
+
 def kvscope_without_engine(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", NO_ENGINE, *args],
@@ -84,14 +97,6 @@ def kvscope_without_engine(*args: str, timeout: float = 120) -> subprocess.Compl
         timeout=timeout,
         env={**os.environ, "KVSCOPE_CONFIG_DIR": os.environ.get("KVSCOPE_CONFIG_DIR", "")},
     )
-
-
-def one_line(err: str) -> str:
-    """stderr without the subprocess's own HEAVY report; asserts it is one kvscope line."""
-    lines = [x for x in err.splitlines() if not x.startswith("HEAVY:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("kvscope: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 # -- kvscope replay --json --------------------------------------------------------------------
@@ -207,7 +212,7 @@ def test_a_bad_tape_in_a_process_with_no_vllm(tmp_path: Path) -> None:
     path.write_text("not a tape at all\n")
     out = kvscope_without_engine("replay", str(path))
     assert out.returncode == 1
-    assert one_line(out.stderr) == (
+    assert one_line(out.stderr, besides=HEAVY) == (
         f"kvscope: {path} is not a kvscope tape: its first line is not a tape header (not JSON)."
     )
 
@@ -219,7 +224,7 @@ def test_a_torn_last_line_is_a_warning_and_the_rest_replays(tmp_path: Path) -> N
     # In its own process: there the reader's log line would reach stderr too, if let.
     out = kvscope_without_engine("replay", str(torn), "--json")
     assert out.returncode == 0
-    assert "ends with a line cut mid-write" in one_line(out.stderr)
+    assert "ends with a line cut mid-write" in one_line(out.stderr, besides=HEAVY)
     printed = json.loads(out.stdout)
     assert len(printed["steps"]) == len(read_tape(POOL).steps)
     assert printed["warnings"] and printed["ended"] is None
@@ -307,21 +312,39 @@ def test_an_unwritable_tape_stops_the_command_before_any_engine(tmp_path: Path) 
     for command in (["generate"], ["bench", "--runs", "1"], ["--fake"]):
         out = kvscope_without_engine(*command, "--tape", str(blocker / "x.jsonl"), timeout=60)
         assert out.returncode == 1, (command, out.stderr[-2000:])
-        line = one_line(out.stderr)
+        line = one_line(out.stderr, besides=HEAVY)
         assert line.startswith(f"kvscope: Cannot record a tape at {blocker / 'x.jsonl'}: ")
 
 
 def test_a_recording_hands_on_what_the_engine_offers_beyond_the_protocol(tmp_path: Path) -> None:
     class Remote(FakeEngine):
-        remote = True
+        @property
+        def features(self) -> EngineFeatures:
+            return EngineFeatures(exact_steps=False, clock=self.clock, remote=self)
 
-        def new_session(self) -> str:
+        @property
+        def capabilities(self) -> RemoteCapabilities:
+            raise NotImplementedError
+
+        def add_scrape_listener(self, listener: ScrapeListener) -> Callable[[], None]:
+            return lambda: None
+
+        def prefix_cache(self) -> PrefixCacheView:
+            raise NotImplementedError
+
+        def new_session(self, session_id: str | None = None) -> str:
             return "new"
 
-    wrapped = SessionRecording(Remote(clock=VirtualClock()), TapeRecorder(tmp_path / "r.jsonl"))
-    assert getattr(wrapped, "remote", False) is True
-    assert wrapped.new_session() == "new"
-    assert getattr(RecordingEngine(FakeEngine(), wrapped.recorder), "remote", False) is False
+    inner = Remote(clock=VirtualClock())
+    wrapped = SessionRecording(inner, TapeRecorder(tmp_path / "r.jsonl"))
+    features = wrapped.features
+    assert features.remote is inner
+    assert features.remote.new_session() == "new"
+    assert features.exact_steps is False
+    assert features.tape is wrapped  # the recording is the session's tape
+    assert features.clock is inner.clock
+    plain = RecordingEngine(FakeEngine(), wrapped.recorder).features
+    assert plain.remote is None and plain.tape is not None and plain.exact_steps
     wrapped.close_tape()
 
 

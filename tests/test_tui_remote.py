@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
-from tui_helpers import engine_ready, make_app, settle, tui_config_dir
+from tui_helpers import engine_ready, make_app, settle
 
 from engine.events import PrefixCacheView, RemoteCapabilities, ScrapeSample, StepSample
 from engine.fake import FakeEngine
+from engine.features import EngineFeatures
 from engine.listeners import Listeners
 from engine.remote.kv_events import PrefixCacheIndex, decode_batch
 from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_sample
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from textual.pilot import Pilot
-
-__all__ = ["tui_config_dir"]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "remote"
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
@@ -59,11 +58,9 @@ class RecordedServer(FakeEngine):
     """The FakeEngine for the chat, with a remote engine's extra surface fed from the
     recorded server: scrapes, capabilities and the prefix-cache index."""
 
-    remote = True
-
     def __init__(self) -> None:
         super().__init__()
-        self.capabilities = RemoteCapabilities(
+        self._capabilities = RemoteCapabilities(
             url="http://127.0.0.1:8000",
             reachable=True,
             metrics=True,
@@ -76,14 +73,23 @@ class RecordedServer(FakeEngine):
         self._scrapes: Listeners[ScrapeSample] = Listeners()
         self.sessions: list[str] = ["chat-a"]
 
+    @property
+    def features(self) -> EngineFeatures:
+        return EngineFeatures(exact_steps=False, clock=self.clock, remote=self)
+
+    @property
+    def capabilities(self) -> RemoteCapabilities:
+        return self._capabilities
+
     def add_scrape_listener(self, listener: Callable[[ScrapeSample], None]) -> Callable[[], None]:
         return self._scrapes.add(listener)
 
     def prefix_cache(self) -> PrefixCacheView:
         return recorded_cache()
 
-    def new_session(self) -> None:
-        self.sessions.append(f"chat-{len(self.sessions)}")
+    def new_session(self, session_id: str | None = None) -> str:
+        self.sessions.append(session_id or f"chat-{len(self.sessions)}")
+        return self.sessions[-1]
 
     def play(self) -> None:
         for scrape in recorded_scrapes():

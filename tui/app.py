@@ -11,7 +11,6 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 
-from engine.replay import ReplayEngine
 from themes import all_themes
 from tui.gc_pauses import GcPolicy
 from tui.plotting import PlotRenderer
@@ -75,9 +74,10 @@ class KvscopeApp(App[int]):
         self.renderer = PlotRenderer()
         blink = self.settings.cursor_blink
         # A tape plays into the same panels, on a screen that takes no input.
+        replay = engine.features.replay
         self._main = (
-            ReplayScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
-            if isinstance(engine, ReplayEngine)
+            ReplayScreen(replay, self.telemetry, self.renderer, cursor_blink=blink)
+            if replay is not None
             else MainScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
         )
         self._shown_theme = DEFAULT_THEME
@@ -200,7 +200,9 @@ class KvscopeApp(App[int]):
         from tui.screens.sweep import SweepScreen
 
         if not isinstance(self.screen, SweepScreen):
-            self.push_screen(SweepScreen(self.engine, self.renderer))
+            self.push_screen(
+                SweepScreen(self.engine, self.renderer, cursor_blink=self.settings.cursor_blink)
+            )
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

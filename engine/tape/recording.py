@@ -5,22 +5,20 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from engine.delegating import DelegatingEngine
 from engine.events import (
-    ChatMessage,
     EngineEvent,
     GenerationRequest,
     ModelCard,
     ProgressCallback,
     RequestFinished,
-    StepListener,
     UserMessage,
 )
-from engine.delegating import DelegatingEngine
 from engine.tape.recorder import DEFAULT_CAP_BYTES, NoticeCallback, TapeRecorder
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable
 
     from engine.features import EngineFeatures
     from engine.protocol import Engine

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, ModelNotFound, UnknownFlag
+from engine.nvml import nvidia_gpu_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -64,12 +65,22 @@ def flag_error(message: str) -> BadOption | UnknownFlag:
 
 
 def gpu_present() -> bool:
-    try:
-        import torch
+    """Whether an NVIDIA GPU is here, asked of NVML: never of torch, which would initialise
+    CUDA in this process and leave vLLM's forked workers unable to use it."""
+    return nvidia_gpu_count() > 0
 
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
+
+def refuse_in_process_data_parallel(ns: argparse.Namespace) -> None:
+    """Data-parallel ranks need vLLM's own processes: in kvscope's process, LLMEngine waits
+    for peer ranks that never come (vLLM's `LLM()` refuses it too). Say how to run it."""
+    dp = int(ns.data_parallel_size or 1)
+    if dp > 1:
+        raise BadOption(
+            "--data-parallel-size",
+            f"{dp} ranks cannot run inside kvscope's process (vLLM would wait for peer "
+            f"ranks that never start); run `vllm serve MODEL --data-parallel-size {dp}`, "
+            "then `kvscope --url http://HOST:PORT`",
+        )
 
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -126,6 +137,7 @@ def build_engine_settings(
         # vLLM's full parser costs 0.5-0.8 s of every start (test_options checks they agree).
         ns = argparse.Namespace(**{**vars(EngineArgs()), **_PARSER_DEFAULTS})
         given = set()
+    refuse_in_process_data_parallel(ns)
     if check is not None:
         check(ns)
     embedded = "model" not in given

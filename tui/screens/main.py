@@ -218,9 +218,9 @@ class MainScreen(Screen[None]):
     def on_scrape_sampled(self, message: ScrapeSampled) -> None:
         view = self.engine_panel.remote_state
         view.sample = message.sample
-        view.capabilities = getattr(self.engine, "capabilities", None)
-        prefix_cache = getattr(self.engine, "prefix_cache", None)
-        view.cache = prefix_cache() if callable(prefix_cache) else None
+        remote = self.engine.features.remote
+        view.capabilities = remote.capabilities if remote is not None else None
+        view.cache = remote.prefix_cache() if remote is not None else None
 
     def on_engine_progressed(self, message: EngineProgressed) -> None:
         self.chat.status.progress = message.progress
@@ -262,14 +262,16 @@ class MainScreen(Screen[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
-        add_scrape = getattr(self.engine, "add_scrape_listener", None)
-        if callable(add_scrape) and self._remove_scrape_listener is None:
-            self._remove_scrape_listener = add_scrape(self._on_scrape)
-        remote = bool(getattr(self.engine, "remote", False))
-        self.engine_panel.remote = remote
-        if remote:
-            view = self.engine_panel.remote_state
-            view.capabilities = getattr(self.engine, "capabilities", None)
+        features = self.engine.features
+        # The engine says whether its samples are its own steps: the timeline and the
+        # explainer need not guess it from the first samples.
+        self.telemetry.timeline.per_request = features.exact_steps
+        remote = features.remote
+        if remote is not None and self._remove_scrape_listener is None:
+            self._remove_scrape_listener = remote.add_scrape_listener(self._on_scrape)
+        self.engine_panel.remote = remote is not None
+        if remote is not None:
+            self.engine_panel.remote_state.capabilities = remote.capabilities
         if self.gc_policy is not None:
             self.gc_policy.started()
         self.card = message.card
@@ -391,10 +393,12 @@ class MainScreen(Screen[None]):
                 await self._request_failed(exc)
             self._reply_over(reply)
             return True
-        record = getattr(self.engine, "record_user_message", None)
-        if callable(record):
+        tape = self.engine.features.tape
+        if tape is not None:
             # The session's tape keeps what the user sent, for replay and --resume.
-            record(text, request_ids=ids, synthetic_tokens=n if synthetic else None)
+            tape.record_user_message(
+                text, request_ids=ids, synthetic_tokens=n if synthetic else None
+            )
         for copy, request in enumerate(requests):
             self.run_worker(
                 self._stream(reply, copy, request), group="requests", exit_on_error=False
@@ -498,9 +502,9 @@ class MainScreen(Screen[None]):
             self.engine.abort(request_id)
 
     async def action_new_chat(self) -> None:
-        record_new_chat = getattr(self.engine, "record_new_chat", None)
-        if callable(record_new_chat):
-            record_new_chat()  # --resume restores only what follows
+        tape = self.engine.features.tape
+        if tape is not None:
+            tape.record_new_chat()  # --resume restores only what follows
         # Cancelling the workers makes each stream abort its request, so blocks come back.
         self.workers.cancel_group(self, "requests")
         self.current = None
@@ -509,9 +513,9 @@ class MainScreen(Screen[None]):
         # The cancelled streams never see their finish: forget their tracks here.
         self.telemetry.requests.clear()
         self.conversation.clear()
-        new_session = getattr(self.engine, "new_session", None)
-        if callable(new_session):
-            new_session()  # a remote server's cached blocks are coloured by chat
+        remote = self.engine.features.remote
+        if remote is not None:
+            remote.new_session()  # a remote server's cached blocks are coloured by chat
         await self.chat.clear()
         if self.gc_policy is not None:
             self.gc_policy.idle(full=True)  # the old transcript's cycles are garbage now
