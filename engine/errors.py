@@ -174,6 +174,21 @@ class RequestRejected(KvscopeError):
         return f"The engine refused this request: {self.reason}. The engine is still running."
 
 
+class DuplicateRequestId(KvscopeError):
+    """A stream of this request ID is still open; every engine refuses a second one."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id
+
+    def plain(self) -> str:
+        return (
+            f"Request ID {self.request_id!r} is already running: a new request needs an ID "
+            "of its own, or must wait until that one has finished. The engine is still "
+            "running."
+        )
+
+
 class ServerUnreachable(KvscopeError):
     """No vLLM server answered at the URL (refused, timed out, name unknown, TLS)."""
 
@@ -227,4 +242,107 @@ class ConnectionLost(KvscopeError):
         return (
             f"Connection{where} lost after {self.tokens_received:,} tokens{why}. The reply so "
             "far is kept; the next request reconnects once the server is back."
+        )
+
+
+def _holders_sentence(holders: tuple[str, ...]) -> str:
+    return f" Held by {', '.join(holders)}." if holders else ""
+
+
+class DeviceMemoryTaken(KvscopeError):
+    """The GPU has less free memory than --gpu-memory-utilization asks vLLM to take: most
+    often a `vllm serve` (or another kvscope) already holds it."""
+
+    def __init__(
+        self,
+        device: str,
+        free_gib: float,
+        total_gib: float,
+        utilization: float,
+        wanted_gib: float,
+        holders: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(device, free_gib, total_gib, utilization, wanted_gib, holders)
+        self.device = device
+        self.free_gib = free_gib
+        self.total_gib = total_gib
+        self.utilization = utilization
+        self.wanted_gib = wanted_gib
+        self.holders = holders
+
+    def suggested_utilization(self) -> float:
+        """The largest fraction, in hundredths, that the free memory can still give."""
+        share = self.free_gib / self.total_gib if self.total_gib else 0.0
+        return max(0.0, int(share * 100 - 1) / 100)
+
+    def plain(self) -> str:
+        return (
+            f"{self.device} has {self.free_gib:,.2f} of {self.total_gib:,.2f} GiB free, less "
+            f"than --gpu-memory-utilization {self.utilization:g} asks for "
+            f"({self.wanted_gib:,.2f} GiB).{_holders_sentence(self.holders)} Attach to a "
+            "server that already runs with `kvscope --url http://HOST:PORT`, or start with "
+            f"--gpu-memory-utilization {self.suggested_utilization():g} or less."
+        )
+
+
+class DeviceOutOfMemory(KvscopeError):
+    """torch ran out of GPU memory while the engine started (weights, warm-up, graphs)."""
+
+    def __init__(
+        self,
+        tried: str,
+        device: str = "",
+        total: str = "",
+        free: str = "",
+        holders: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(tried, device, total, free, holders)
+        self.tried = tried
+        self.device = device
+        self.total = total
+        self.free = free
+        self.holders = holders
+
+    def plain(self) -> str:
+        state = f" {self.device} had {self.free} free of {self.total}." if self.device else ""
+        return (
+            f"The GPU ran out of memory while the engine started: it tried to allocate "
+            f"{self.tried}.{state}{_holders_sentence(self.holders)} Lower "
+            "--gpu-memory-utilization or --max-model-len, raise --tensor-parallel-size, or "
+            "use a smaller or quantized model."
+        )
+
+
+class DeviceTooOld(KvscopeError):
+    """bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+
+    def __init__(self, gpu: str, capability: str | None) -> None:
+        super().__init__(gpu, capability)
+        self.gpu = gpu
+        self.capability = capability
+
+    def plain(self) -> str:
+        has = (
+            f"has compute capability {self.capability}"
+            if self.capability
+            else "reports no compute capability"
+        )
+        return (
+            f"This model computes in bfloat16, which needs a GPU of compute capability 8.0 or "
+            f"newer; the {self.gpu} {has}. Start it with --dtype half."
+        )
+
+
+class CompilerMissing(KvscopeError):
+    """torch.compile or Triton could not build kernels: no C compiler or no Python headers."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+    def plain(self) -> str:
+        return (
+            f"The engine compiles its kernels at start-up and {self.missing}. Install a C "
+            "compiler and Python's headers (Debian: gcc python3-dev), or start with "
+            "--enforce-eager, which skips compilation."
         )

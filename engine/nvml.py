@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 _lock = threading.Lock()
@@ -40,3 +42,50 @@ def nvidia_gpu_count() -> int:
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as NVML lists it."""
+
+    gpu: int
+    pid: int
+    name: str
+    used_bytes: int | None  # None where the driver does not tell (some containers)
+
+    def words(self) -> str:
+        used = f", {self.used_bytes / 1024**3:,.1f} GiB" if self.used_bytes else ""
+        return f"pid {self.pid} {self.name} (GPU {self.gpu}{used})"
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or "?"
+    except OSError:
+        return "?"  # another user's process, or another PID namespace
+
+
+def gpu_processes() -> list[GpuProcess]:
+    """Every process holding GPU memory (compute and graphics); [] without NVML."""
+    nvml = _nvml()
+    if nvml is None:
+        return []
+    found: dict[tuple[int, int], GpuProcess] = {}
+    try:
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            for lister in (
+                nvml.nvmlDeviceGetComputeRunningProcesses,
+                nvml.nvmlDeviceGetGraphicsRunningProcesses,
+            ):
+                for p in lister(handle):
+                    used = getattr(p, "usedGpuMemory", None)
+                    found[(index, int(p.pid))] = GpuProcess(
+                        index, int(p.pid), _process_name(int(p.pid)), int(used) if used else None
+                    )
+    except Exception:
+        pass  # a partial list is still worth saying
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return sorted(found.values(), key=lambda p: (p.gpu, -(p.used_bytes or 0)))

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import BadOption, EngineStartFailed, KvPoolTooSmall, KvscopeError, ModelNotFound
-from engine.sizes import GIB, kv_bytes_per_token
+from engine.model_geometry import config_fields, read_attention_geometry
+from engine.nvml import gpu_processes
+from engine.sizes import GIB
+from engine.vllm.gpu_start_errors import map_gpu_start_error
 
 LOG = logging.getLogger("vllm")
 
@@ -91,6 +94,9 @@ def map_start_error(
         return exc
     LOG.error("kvscope: the engine failed to start", exc_info=exc)
     text = f"{type(exc).__name__}: {exc}"
+    on_gpu = map_gpu_start_error(text, gpu_processes)
+    if on_gpu is not None:
+        return on_gpu
     m = re.search(
         r"max seq len \((\d+)\).*?([\d.]+) GiB KV cache is needed.*?available KV cache "
         r"memory \(([\d.]+) GiB\)",
@@ -144,14 +150,18 @@ def map_start_error(
         "RepositoryNotFoundError",
         "LocalEntryNotFoundError",
         "Invalid repository ID",
-        "No such file or directory",
         "is not a local folder",
         "Can't load the configuration",
         "couldn't connect",
         "OfflineModeIsEnabled",
         "Cannot find any model",
     )
-    if any(s.lower() in text.lower() for s in not_found):
+    # A missing file is the model only when it is the model's path: a missing compiler
+    # header or a library is something else, and "Model not found" would mislead.
+    missing_model = "No such file or directory" in text and (
+        model in text or "config.json" in text
+    )
+    if missing_model or any(s.lower() in text.lower() for s in not_found):
         return ModelNotFound(model, reason(exc, limit=200))
     return EngineStartFailed(f"{type(exc).__name__}: {reason(exc)}")
 
@@ -200,14 +210,10 @@ def read_geometry(model: str) -> dict[str, int]:
 
         cfg = AutoConfig.from_pretrained(model)
         cfg = getattr(cfg, "text_config", None) or cfg
-        layers = int(cfg.num_hidden_layers)
-        heads = int(cfg.num_attention_heads)
-        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        geometry = {"kv_bytes_per_token": kv_bytes_per_token(layers, kv, head_dim, 2)}
-        positions = getattr(cfg, "max_position_embeddings", None)
-        if positions:
-            geometry["max_position_embeddings"] = int(positions)
+        attention = read_attention_geometry(config_fields(cfg))
+        geometry = {"kv_bytes_per_token": attention.kv_bytes_per_token(2)}
+        if attention.max_position_embeddings:
+            geometry["max_position_embeddings"] = attention.max_position_embeddings
         return geometry
     except Exception:
         return {}
