@@ -39,7 +39,7 @@ class KvscopeApp(App[int]):
     at import time; the engine is started by the main screen, in a thread worker.
 
     Args:
-        engine: What to drive; only its `Engine` protocol is used.
+        engine: What to drive, through its `Engine` protocol; a replay's controls via `features`.
         settings: Remembered choices; read from the user's config folder when None.
         script: A start-up script, run as a worker once the app is mounted (the CLI's
             scripted demo is one); it drives the app as a user would.

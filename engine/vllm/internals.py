@@ -11,6 +11,7 @@ block map can draw exactly `total_blocks` cells.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,16 @@ class ScheduledWork:
     # Per scheduled request (vLLM's internal ID): (prefill tokens, decode tokens).
     per_request: dict[str, tuple[int, int]] = field(default_factory=dict)
     waiting_internal_ids: tuple[str, ...] = ()
+    scheduled_at: float = 0.0  # perf_counter when the scheduler made this batch
+
+
+def decoding(request: Any, computed_before: int) -> bool:
+    """Whether a scheduled request is making its next output token, not (re)computing its
+    prompt. With async scheduling, tokens in flight are placeholders that the request's
+    own token count does not include yet; they count as output here."""
+    in_flight = int(request.num_output_placeholders)
+    outputs = int(request.num_output_tokens) + in_flight
+    return outputs > 0 and computed_before >= int(request.num_tokens) + in_flight - 1
 
 
 class EngineIntrospector:
@@ -38,12 +49,17 @@ class EngineIntrospector:
                 "vLLM's engine core is not in this process; kvscope needs "
                 "VLLM_ENABLE_V1_MULTIPROCESSING=0"
             )
+        self.core = core
         self.scheduler = core.scheduler
         self.kv_manager = self.scheduler.kv_cache_manager
         self.block_pool = self.kv_manager.block_pool
         self.vllm_config = llm_engine.vllm_config
         self.output_processor = llm_engine.output_processor
-        self._last: ScheduledWork | None = None
+        # Batches scheduled and not yet handed out, by the scheduler output's identity (the
+        # output object is kept with its summary, so the identity stays unique), and the
+        # summaries of the batches whose outputs came back since the last step was read.
+        self._in_flight: dict[int, tuple[object, ScheduledWork]] = {}
+        self._handed_out: list[ScheduledWork] = []
         # Per request: (vLLM's block list object, its length, the IDs as a tuple). A step
         # only appends blocks, so most steps reuse the tuple and new blocks are appended;
         # copying every request's whole list each step costs 3 ms at 256 x 256 blocks.
@@ -53,21 +69,34 @@ class EngineIntrospector:
         self._wrap_schedule()
 
     def _wrap_schedule(self) -> None:
-        # The scheduler output says what this step does (prefill vs decode, preemptions);
-        # LLMEngine.step() does not return it, so keep a copy as it passes.
-        original = self.scheduler.schedule
+        # The scheduler output says what a batch does (prefill vs decode, preemptions);
+        # LLMEngine.step() does not return it, so keep a copy as it passes. With async
+        # scheduling or pipeline parallelism (CUDA's default) the engine core keeps a queue
+        # of batches: step k schedules batch k and hands out batch k-1's tokens, so each
+        # summary waits, keyed by its scheduler output, until `update_from_output` takes
+        # that batch's tokens in. A step then describes the batch whose tokens it hands out.
+        schedule = self.scheduler.schedule
+        update = self.scheduler.update_from_output
 
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
+        def scheduled(*args: Any, **kwargs: Any) -> Any:
+            at = time.perf_counter()
+            out = schedule(*args, **kwargs)
             try:
-                self._last = self._summarize(out)
+                self._in_flight[id(out)] = (out, self._summarize(out, at))
             except Exception:  # never let bookkeeping break the engine
-                self._last = None
+                self._in_flight.pop(id(out), None)
             return out
 
-        self.scheduler.schedule = schedule
+        def updated(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            entry = self._in_flight.pop(id(scheduler_output), None)
+            if entry is not None:
+                self._handed_out.append(entry[1])
+            return update(scheduler_output, *args, **kwargs)
 
-    def _summarize(self, out: Any) -> ScheduledWork:
+        self.scheduler.schedule = scheduled
+        self.scheduler.update_from_output = updated
+
+    def _summarize(self, out: Any, scheduled_at: float) -> ScheduledWork:
         before: dict[str, int] = {}
         for new in out.scheduled_new_reqs:
             before[new.req_id] = new.num_computed_tokens
@@ -81,7 +110,7 @@ class EngineIntrospector:
             done = before.get(rid, 0)
             if request is None:
                 own = (scheduled, 0)
-            elif request.num_output_tokens > 0 and done >= request.num_tokens - 1:
+            elif decoding(request, done):
                 # The one new token of a decode step (or its speculative run).
                 own = (0, scheduled)
             else:
@@ -93,11 +122,41 @@ class EngineIntrospector:
             decode += own[1]
         preempted = tuple(sorted(out.preempted_req_ids or ()))
         waiting = tuple(str(r.request_id) for r in self.scheduler.waiting)
-        return ScheduledWork(prefill, decode, preempted, per_request, waiting)
+        return ScheduledWork(prefill, decode, preempted, per_request, waiting, scheduled_at)
 
-    def take_scheduled(self) -> ScheduledWork:
-        work, self._last = self._last, None
-        return work or ScheduledWork(0, 0, ())
+    def take_scheduled(self) -> ScheduledWork | None:
+        """The batch whose tokens the last `step()` handed out; None when it handed out
+        none (the first step after idle with a batch queue only schedules)."""
+        done, self._handed_out = self._handed_out, []
+        if not done:
+            return None
+        if len(done) == 1:
+            return done[0]
+        # More than one batch came back in one step (not seen in vLLM 0.32): count them all.
+        per_request: dict[str, tuple[int, int]] = {}
+        for work in done:
+            for rid, (p, d) in work.per_request.items():
+                old = per_request.get(rid, (0, 0))
+                per_request[rid] = (old[0] + p, old[1] + d)
+        return ScheduledWork(
+            sum(w.prefill_tokens for w in done),
+            sum(w.decode_tokens for w in done),
+            tuple(sorted({i for w in done for i in w.preempted_internal_ids})),
+            per_request,
+            done[-1].waiting_internal_ids,
+            min(w.scheduled_at for w in done),
+        )
+
+    @property
+    def batch_queue_depth(self) -> int:
+        """How many batches the engine core keeps in flight: 1 steps in lockstep; 2 is
+        async scheduling (CUDA's default) or pipeline parallelism."""
+        queue = self.core.batch_queue
+        return int(self.core.batch_queue_size) if queue is not None else 1
+
+    @property
+    def async_scheduling(self) -> bool:
+        return bool(self.vllm_config.scheduler_config.async_scheduling)
 
     def request_stats(self, internal_id: str) -> Any | None:
         """vLLM's own `RequestStateStats` of a live request (arrival time, engine-core

@@ -17,230 +17,33 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Header, Input, Label, ProgressBar, Static
 
-from bench.sweep import (
-    SweepConfig,
-    SweepFileError,
-    SweepPoint,
-    SweepResult,
-    floors_for_card,
-    load_saved_sweeps,
-    run_sweep,
-)
+from bench.sweep import floors_for_card, run_sweep
+from bench.sweep_files import SweepFileError, load_saved_sweeps
+from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import KvscopeError
-from engine.events import (
-    ChatMessage,
-    EngineEvent,
-    GenerationRequest,
-    ModelCard,
-    ProgressCallback,
-    RequestFinished,
-    StepListener,
-)
 from engine.stats import percentile
-from tui import axes
 from tui import format as fmt
-from tui.plotting import Figure, PlotRenderer, Series
-from tui.sweep_overlay import Overlay, overlay_series, overlay_text
+from tui.sweep_overlay import Overlay, overlay_text
+from tui.sweep_view_model import (
+    KEY,
+    KEY_ITL,
+    RunPoint,
+    default_prompt_lens,
+    eta_seconds,
+    parse_lens,
+    run_label,
+    sweep_figures,
+)
+from tui.tapped_engine import TappedEngine
 from tui.widgets.plot import Plot
 from tui.widgets.pruned_footer import PrunedFooter
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
-
     from textual.app import ComposeResult
 
+    from engine.events import RequestFinished
     from engine.protocol import Engine
-
-KEY = "[$primary]·[/] each run  [$primary]•[/] mean  [$success]▫[/] roofline floor"
-KEY_ITL = (
-    "[$accent]·[/] each run  [$accent]•[/] median  [$error]•[/] p99  [$success]▫[/] roofline floor"
-)
-
-
-def default_prompt_lens(card: ModelCard | None, output_len: int) -> tuple[int, ...]:
-    """Powers of two that fit both walls with room for the output: the lengths that
-    measure something rather than fail."""
-    if card is None:
-        return SweepConfig().prompt_lens
-    limit = min(card.max_model_len, card.kv_pool_tokens) - output_len
-    lens = [1 << k for k in range(6, 24) if (1 << k) <= limit]
-    return tuple(lens[-4:]) or (max(16, limit),)
-
-
-def parse_lens(text: str) -> tuple[int, ...]:
-    """ "512, 1024 2048" -> (512, 1024, 2048); raises ValueError on anything else."""
-    parts = text.replace(",", " ").split()
-    if not parts:
-        raise ValueError("no prompt lengths")
-    return tuple(int(p) for p in parts)
-
-
-@dataclass(frozen=True)
-class RunPoint:
-    """One request of one run, as it finished: plotted before its length is summed up."""
-
-    prompt_len: int
-    ttft_ms: float
-    median_itl_ms: float | None
-
-
-MEASURED_MARK = "•"
-RUN_MARK = "·"
-FLOOR_MARK = "▫"
-
-
-def sweep_figures(
-    points: list[SweepPoint],
-    runs: list[RunPoint] | None = None,
-    columns: int = 60,
-    rows: int = 10,
-    overlay: Overlay | None = None,
-) -> tuple[Figure | None, Figure | None]:
-    """(TTFT vs prompt length, ITL vs prompt length): each run's requests as they finish,
-    a loaded sweep's mean TTFT and median ITL (`overlay`), the means and medians of the
-    lengths done, and the roofline floors. No two of these share a glyph."""
-    runs = runs or []
-    good = sorted((p for p in points if p.ok and p.metrics), key=lambda p: p.prompt_len)
-    saved_ttft = overlay_series(overlay, "mean_ttft_ms")
-    saved_itl = overlay_series(overlay, "median_itl_ms")
-    if not good and not runs and not saved_ttft and not saved_itl:
-        return None, None
-    xs = tuple(float(p.prompt_len) for p in good)
-
-    def series(key: str, role: str, marker: str, kind: str = "line") -> Series | None:
-        if not good or not all(p.value(key) is not None for p in good):
-            return None
-        ys = tuple(p.value(key) or 0.0 for p in good)
-        # One point is a line of no length: draw it as a point.
-        shape = "scatter" if len(good) == 1 else kind
-        return Series(xs, ys, role=role, kind=shape, marker=marker)  # type: ignore[arg-type]
-
-    def run_series(ys: list[tuple[int, float]], role: str) -> Series | None:
-        if not ys:
-            return None
-        return Series(
-            tuple(float(x) for x, _ in ys),
-            tuple(y for _, y in ys),
-            role=role,
-            kind="scatter",
-            marker=RUN_MARK,
-        )
-
-    ttft = [
-        s
-        for s in (
-            run_series([(r.prompt_len, r.ttft_ms) for r in runs], "series"),
-            # Under the live means: where both fall on one cell, the live run shows.
-            *saved_ttft,
-            series("mean_ttft_ms", "series", MEASURED_MARK, "scatter"),
-            series("ttft_floor_ms", "p50", FLOOR_MARK, "scatter"),
-        )
-        if s
-    ]
-    itl = [
-        s
-        for s in (
-            run_series(
-                [(r.prompt_len, r.median_itl_ms) for r in runs if r.median_itl_ms is not None],
-                "series-alt",
-            ),
-            *saved_itl,
-            series("median_itl_ms", "series-alt", MEASURED_MARK, "scatter"),
-            series("p99_itl_ms", "p99", MEASURED_MARK, "scatter"),
-            series("itl_floor_ms", "p50", FLOOR_MARK, "scatter"),
-        )
-        if s
-    ]
-    saved_xs = [x for s in (*saved_ttft, *saved_itl) for x in s.xs]
-    right = max([*xs, *(float(r.prompt_len) for r in runs), *saved_xs], default=1.0) * 1.05
-
-    def figure(all_series: list[Series]) -> Figure | None:
-        if not all_series:
-            return None
-        top = max(max(s.ys) for s in all_series if s.ys)
-        return Figure(
-            tuple(all_series),
-            xaxis=axes.token_axis(right, columns),
-            yaxis=axes.duration_axis(top, axes.plot_rows(rows, xlabel=False)),
-        )
-
-    return figure(ttft), figure(itl)
-
-
-def run_label(done: int, config: SweepConfig) -> str:
-    """What the sweep is doing now, from the number of runs done: "512 tok, run 2/3"."""
-    if done < config.warmup:
-        return f"warm-up {done + 1}/{config.warmup}"
-    measured = done - config.warmup
-    index = measured // config.runs
-    if index >= len(config.prompt_lens):
-        return "finishing"
-    run = measured % config.runs + 1
-    return f"{config.prompt_lens[index]:,} tok, run {run}/{config.runs}"
-
-
-def eta_seconds(finished_units: list[tuple[int, float]], remaining_lens: list[int]) -> float | None:
-    """Time left for runs of `remaining_lens`, from the runs timed so far.
-
-    A run's time grows with its prompt: fit seconds = a + b × tokens through the runs
-    done (a flat average while only one length is known), and never less than zero.
-    """
-    if not remaining_lens:
-        return 0.0
-    if not finished_units:
-        return None
-    xs = [float(n) for n, _ in finished_units]
-    ys = [t for _, t in finished_units]
-    mean_x = sum(xs) / len(xs)
-    mean_y = sum(ys) / len(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    if var <= 0:
-        slope = mean_y / mean_x if mean_x > 0 else 0.0
-        base = 0.0
-    else:
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-        base = mean_y - slope * mean_x
-    return sum(max(0.0, base + slope * n) for n in remaining_lens)
-
-
-class _TappedEngine:
-    """The engine as run_sweep sees it, with every finished request reported as it ends.
-
-    run_sweep reports a length only when all its runs are done; a sweep of long prompts
-    would show nothing for minutes. This reports each request the moment it finishes.
-    """
-
-    def __init__(self, engine: Engine, on_finished: Callable[[RequestFinished], None]) -> None:
-        self._engine = engine
-        self._on_finished = on_finished
-
-    @property
-    def card(self) -> ModelCard | None:
-        return self._engine.card
-
-    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
-        return self._engine.start(progress)
-
-    def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
-        return self._engine.add_step_listener(listener)
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
-        async for event in self._engine.stream(request):
-            if isinstance(event, RequestFinished):
-                self._on_finished(event)
-            yield event
-
-    def abort(self, request_id: str) -> None:
-        self._engine.abort(request_id)
-
-    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-        return self._engine.chat_prompt_ids(messages)
-
-    def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
-        return self._engine.synthetic_prompt(num_tokens, suffix, seed)
-
-    def shutdown(self) -> None:
-        self._engine.shutdown()
+    from tui.plotting import PlotRenderer
 
 
 class SweepScreen(Screen[None]):
@@ -277,10 +80,13 @@ class SweepScreen(Screen[None]):
         event: RequestFinished
         unit: int
 
-    def __init__(self, engine: Engine, renderer: PlotRenderer) -> None:
+    def __init__(
+        self, engine: Engine, renderer: PlotRenderer, *, cursor_blink: bool = True
+    ) -> None:
         super().__init__()
         self.engine = engine
         self.renderer = renderer
+        self.cursor_blink = cursor_blink
         self.config: SweepConfig | None = None
         self.points: list[SweepPoint] = []
         self.runs: list[RunPoint] = []
@@ -366,9 +172,8 @@ class SweepScreen(Screen[None]):
         )
         self.set_interval(1 / 10, self._redraw)
         self.sub_title = "prompt-length sweep"
-        blink = getattr(getattr(self.app, "settings", None), "cursor_blink", True)
         for field in self.query(Input):
-            field.cursor_blink = blink
+            field.cursor_blink = self.cursor_blink
         self._show_overlay()
         self._status("Set the lengths and press F6 (or Run sweep).")
 
@@ -437,7 +242,7 @@ class SweepScreen(Screen[None]):
             # The CPU's calibration takes a few seconds the first time: off the loop.
             floors = await asyncio.to_thread(floors_for_card, self.engine.card, config.output_len)
             result = await run_sweep(
-                _TappedEngine(self.engine, self._request_finished),
+                TappedEngine(self.engine, self._request_finished),
                 config,
                 on_point=self._point,
                 on_progress=self._progress,

@@ -23,8 +23,9 @@ from tui.widgets.request_timeline import LatencyBox
 if TYPE_CHECKING:
     from textual.app import ComposeResult
 
+    from tui.host_watch import HostWarning
     from tui.plotting import PlotRenderer
-    from tui.telemetry import HostWarning, Telemetry
+    from tui.telemetry import Telemetry
 
 HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
 

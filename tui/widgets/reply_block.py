@@ -1,4 +1,9 @@
-"""ReplyBlock: one assistant reply, streamed in, then summed up in a footer of fields."""
+"""ReplyBlock: one assistant reply, streamed in, then summed up in a footer of fields.
+
+The footer's words are tui/widgets/reply_footer.py's, the extra copies' table is
+tui/widgets/copies_table.py's, and a finished reply folds into the one renderable of
+tui/widgets/folded_reply.py.
+"""
 
 from __future__ import annotations
 
@@ -8,92 +13,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich.console import Group
-from rich.markdown import Markdown as RichMarkdown
-from rich.style import Style
-from rich.table import Table
 from rich.text import Text
-from textual.color import Color
 from textual.containers import Vertical
 from textual.widgets import Label, Static
 
-from engine.stats import percentile
 from tui import format as fmt
 from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
-from tui.telemetry import anatomy_parts
-from tui.widgets.field_line import SEPARATOR, FieldLine, pack
+from tui.widgets.copies_table import PER_COPY_ROWS, CopyState, copies_table
+from tui.widgets.field_line import FieldLine
+from tui.widgets.folded_reply import FoldedReply, folded_renderable
 from tui.widgets.live_markdown import LiveMarkdown
+from tui.widgets.reply_footer import SumLine, anatomy_fields, footer_fields
 from tui.widgets.single_layout import SingleLayout
-from tui.widgets.token_latency_view import TimedToken, TokenLatencyView, latency_text
+from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Group
     from textual.app import ComposeResult
-    from textual.geometry import Size
 
     from engine.events import RequestFinished, TokenEvent
 
-REASONS = {"stop": "done", "length": "hit max tokens", "abort": "stopped"}
-PER_COPY_ROWS = 3
-"""Up to this many extra copies get a line each; more are counted and summed up."""
-
 StatusSource = Callable[[str, bool], RequestStatus]
 """(request_id, accepted) -> where the request is (from the step samples)."""
-
-
-def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
-    """TTFT, median and p99 ITL, tokens/s, prompt and output tokens, and how it ended."""
-    itl = list(ev.itl_s)
-    itl_part = (
-        f"ITL p50 {fmt.ms(percentile(itl, 50))} · p99 {fmt.ms(percentile(itl, 99))}"
-        if itl
-        else "ITL –"
-    )
-    rate = ev.output_tokens / ev.e2e_s if ev.e2e_s > 0 else 0.0
-    fields = [
-        f"TTFT {fmt.ms(ev.ttft_s)}",
-        itl_part,
-        f"{rate:,.1f} tok/s",
-        f"prompt {ev.prompt_tokens:,} · output {fmt.count(ev.output_tokens, 'token')}",
-        REASONS.get(ev.reason, ev.reason),
-    ]
-    if ev.preemptions:
-        fields.append(f"preempted ×{ev.preemptions}")
-    return tuple(fields)
-
-
-def footer_line(ev: RequestFinished) -> str:
-    return SEPARATOR.join(footer_fields(ev))
-
-
-def anatomy_fields(ev: RequestFinished) -> tuple[str, ...]:
-    """Where the TTFT went, as the terms of one sum, when the engine measured it step by
-    step; () otherwise (a remote server, or no token came)."""
-    if ev.anatomy is None or ev.ttft_s is None:
-        return ()
-    return anatomy_parts(ev.anatomy, ev.ttft_s)
-
-
-PLUS = " + "
-
-
-class SumLine(FieldLine):
-    """A FieldLine of terms: "a + b + c", wrapped between terms, never inside one; a
-    wrapped line starts with "+ " so it still reads as the same sum."""
-
-    @property
-    def plain(self) -> str:
-        return PLUS.join(self.fields)
-
-    def _lines(self, width: int) -> list[str]:
-        lines = pack(self.fields, max(1, width - 2), PLUS)
-        return [line if i == 0 else "+ " + line for i, line in enumerate(lines)]
-
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._lines(width)) if self.fields else 0
-
-    def render(self) -> Text:
-        return Text("\n".join(self._lines(self.content_size.width)), end="")
 
 
 def _no_status(request_id: str, accepted: bool) -> RequestStatus:
@@ -103,143 +44,11 @@ def _no_status(request_id: str, accepted: bool) -> RequestStatus:
 
 
 @dataclass
-class CopyState:
-    """One of the request's concurrent copies, as the reply sees it."""
-
-    request_id: str
-    received: int = 0
-    accepted: bool = False
-    finished: RequestFinished | None = None
-    error: str | None = None
-    preemptions_seen: int = 0
-
-    @property
-    def done(self) -> bool:
-        return self.finished is not None or self.error is not None
-
-    def status(self, where: RequestStatus) -> str:
-        if self.error is not None:
-            return f"{self.request_id} · failed: {self.error}"
-        if self.finished is not None:
-            return f"{self.request_id} · {footer_line(self.finished)}"
-        tokens = f" · {fmt.count(self.received, 'token')}" if self.received else ""
-        return f"{self.request_id} · {where.words}{tokens}"
-
-
-@dataclass
-class FoldedReply:
-    """What a folded reply keeps of the widgets it no longer has."""
-
-    footer: str
-    anatomy: str
-    copies: Table | None
-    footer_tone: str
-    user: Text | None = None
-    """The message this replied to, folded in with it (one widget less per exchange)."""
-
-
-@dataclass
 class ReplySummary:
     """What the screen needs once a reply is over."""
 
     text: str
     failed: bool
-
-
-def _num_ms(seconds: float | None) -> str:
-    """Milliseconds as a bare number for a table whose header carries the unit."""
-    if seconds is None:
-        return "–"
-    value = seconds * 1000.0
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
-    """The finished extra copies as one table (and its lines as plain text).
-
-    A few copies get a row each. Many (16 copies of a synthetic prompt) are summed up as
-    min / median / max rows, so they do not flood the transcript with footers. Units are
-    in the header, so every cell stays on one line in a narrow chat column.
-    """
-    per_copy = len(copies) <= PER_COPY_ROWS
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    names = ["copy" if per_copy else "", "TTFT ms", "p50 ms", "p99 ms", "tok/s", "out"]
-    if per_copy:
-        names.append("ended")
-    for name in names:
-        table.add_column(
-            name, justify="left" if name in ("copy", "", "ended") else "right", no_wrap=True
-        )
-    plain: list[str] = []
-    finished = [c.finished for c in copies if c.finished is not None]
-
-    def metrics(ev: RequestFinished) -> tuple[float | None, float | None, float | None, float]:
-        itl = list(ev.itl_s)
-        rate = ev.output_tokens / ev.e2e_s if ev.e2e_s > 0 else 0.0
-        p50 = percentile(itl, 50) if itl else None
-        p99 = percentile(itl, 99) if itl else None
-        return ev.ttft_s, p50, p99, rate
-
-    if per_copy:
-        for c in copies:
-            if c.finished is None:
-                table.add_row(c.request_id, "", "", "", "", "", f"failed: {c.error}")
-                plain.append(f"{c.request_id} · failed: {c.error}")
-                continue
-            ttft, p50, p99, rate = metrics(c.finished)
-            ended = REASONS.get(c.finished.reason, c.finished.reason)
-            if c.finished.preemptions:
-                ended += f", preempted ×{c.finished.preemptions}"
-            table.add_row(
-                c.request_id,
-                _num_ms(ttft),
-                _num_ms(p50),
-                _num_ms(p99),
-                f"{rate:,.1f}",
-                f"{c.finished.output_tokens:,}",
-                ended,
-            )
-            plain.append(f"{c.request_id} · {footer_line(c.finished)}")
-        return table, plain
-
-    values = [metrics(ev) for ev in finished]
-
-    def column(i: int) -> list[float]:
-        return [float(v[i]) for v in values if v[i] is not None]  # type: ignore[arg-type]
-
-    outs = [ev.output_tokens for ev in finished]
-    for label, pct in (("min", 0.0), ("median", 50.0), ("max", 100.0)):
-
-        def pick(xs: list[float], pct: float = pct) -> float | None:
-            return percentile(xs, pct) if xs else None
-
-        a_ttft, a_p50, a_p99, a_rate = (pick(column(i)) for i in range(4))
-        out = pick([float(o) for o in outs])
-        table.add_row(
-            label,
-            _num_ms(a_ttft),
-            _num_ms(a_p50),
-            _num_ms(a_p99),
-            f"{a_rate:,.1f}" if a_rate is not None else "–",
-            f"{out:,.0f}" if out is not None else "–",
-        )
-        plain.append(
-            f"{label} · TTFT {fmt.ms(a_ttft)} · ITL p50 {fmt.ms(a_p50)} · p99 {fmt.ms(a_p99)}"
-        )
-    reasons = Counter(REASONS.get(ev.reason, ev.reason) for ev in finished)
-    failed = sum(1 for c in copies if c.error is not None)
-    preempted = sum(1 for ev in finished if ev.preemptions)
-    parts = [f"{n:,} {reason}" for reason, n in reasons.most_common()]
-    if failed:
-        parts.append(f"{failed:,} failed")
-    if preempted:
-        parts.append(f"{fmt.count(preempted, 'copy', 'copies')} preempted")
-    words = f"{len(copies):,} more copies: " + " · ".join(parts)
-    table.title = words
-    table.title_justify = "left"
-    table.title_style = "italic"
-    plain.insert(0, words)
-    return table, plain
 
 
 class ReplyBlock(SingleLayout, Vertical):
@@ -447,48 +256,13 @@ class ReplyBlock(SingleLayout, Vertical):
     def _folded_renderable(self) -> Group:
         folded = self._folded
         assert folded is not None
-        colours = self.app.get_css_variables()
-
-        background = Color.parse(colours.get("background", "black"))
-
-        def style(name: str, flags: str = "") -> Style:
-            # Muted theme colours carry an alpha: blended over the background, as drawn.
-            colour = (background + Color.parse(colours[name])).hex if name in colours else ""
-            return Style.parse(f"{flags} {colour}".strip() or "none")
-
-        body: RenderableType
-        if self._latency_mode:
-            # As TokenLatencyView's DEFAULT_CSS colours the levels.
-            body = latency_text(
-                self._folded_tokens(),
-                {
-                    "first": style("accent", "underline"),
-                    "fast": style("success"),
-                    "slow": style("warning"),
-                    "stall": style("error", "bold reverse"),
-                },
-            )
-        else:
-            body = RichMarkdown(self.text)
-        parts: list[RenderableType] = []
-        if folded.user is not None:
-            # As the chat's .user-message: indented 6, a bar, a tinted band.
-            band = (background.blend(Color.parse(colours.get("primary", "blue")), 0.15)).hex
-            message = Table.grid(expand=True)
-            message.add_column(width=6)
-            message.add_column(width=1, style=style("primary"))
-            message.add_column(ratio=1, style=Style(bgcolor=band))
-            for line in folded.user.split("\n"):
-                message.add_row("", "▌", Text.assemble(" ", line))
-            parts += [Text(""), message, Text("")]
-        parts += [Text(self.title, style("accent", "bold")), body]
-        if folded.copies is not None:
-            folded.copies.style = style("foreground-muted")
-            parts.append(folded.copies)
-        parts.append(Text(folded.footer, style(folded.footer_tone)))
-        if folded.anatomy:
-            parts.append(Text(folded.anatomy, style("text-secondary")))
-        return Group(*parts)
+        return folded_renderable(
+            folded,
+            title=self.title,
+            text=self.text,
+            tokens=self._folded_tokens() if self._latency_mode else None,
+            colours=self.app.get_css_variables(),
+        )
 
     async def flush(self) -> None:
         """Append the tokens received since the last flush to the Markdown and the

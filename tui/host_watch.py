@@ -1,0 +1,81 @@
+"""HostWatch: says when the host itself makes the timings noisy (load, step-time spread)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.stats import percentile
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from engine.events import StepSample
+
+
+@dataclass(frozen=True)
+class HostWarning:
+    """Why timings on this host are not to be trusted right now, in words."""
+
+    words: str
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+class HostWatch:
+    """Says when the host is busy: load above the cores, or step times varying wildly.
+
+    On a shared CPU one decode step can take 23 ms and the next over a second; the user
+    should be told why rather than left to read it as the engine's behaviour.
+    """
+
+    def __init__(
+        self,
+        *,
+        load_average: Callable[[], float | None] = _load_average,
+        cores: int | None = None,
+        spread_limit: float = 3.0,
+    ) -> None:
+        self.load_average = load_average
+        self.cores = cores or os.cpu_count() or 1
+        self.spread_limit = spread_limit
+        self.check_load = False  # on for a CPU engine (the app sets it from the card)
+        self._decode_steps: deque[tuple[int, float]] = deque(maxlen=64)
+
+    def add_sample(self, sample: StepSample) -> None:
+        if sample.prefill_tokens == 0 and sample.decode_tokens > 0 and sample.duration_s > 0:
+            self._decode_steps.append((sample.decode_tokens, sample.duration_s))
+
+    def clear(self) -> None:
+        self._decode_steps.clear()
+
+    def step_spread(self) -> float | None:
+        """p90 / p50 of recent decode-only steps of the most common batch size."""
+        if len(self._decode_steps) < 12:
+            return None
+        batch, _ = Counter(n for n, _ in self._decode_steps).most_common(1)[0]
+        times = [d for n, d in self._decode_steps if n == batch]
+        if len(times) < 12:
+            return None
+        mid = percentile(times, 50)
+        return percentile(times, 90) / mid if mid > 0 else None
+
+    def warning(self) -> HostWarning | None:
+        parts: list[str] = []
+        if self.check_load:
+            load = self.load_average()
+            if load is not None and load > self.cores:
+                parts.append(f"load {load:.1f} on {self.cores} cores")
+        spread = self.step_spread()
+        if spread is not None and spread > self.spread_limit:
+            parts.append(f"decode steps vary ×{spread:.1f}")
+        if not parts:
+            return None
+        return HostWarning(f"⚠ host busy: {'; '.join(parts)}: timings are noisy")
