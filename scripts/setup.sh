@@ -43,4 +43,10 @@ else
 fi
 
 "$VENV/bin/kvscope" prepare-model >/dev/null
+# One line when the installed vLLM is outside the versions kvscope was checked against.
+"$VENV/bin/python" -c "
+from engine.vllm.versions import installed_vllm, version_warning
+found = installed_vllm()
+said = version_warning(found[1]) if found else None
+print(f'setup: warning: {said}') if said else None"
 echo "setup: ready ($("$VENV/bin/python" -c 'from engine.model_prep import embedded_model_dir; print(embedded_model_dir())'))"
