@@ -22,4 +22,4 @@ test-fast: lint
 
 bench: setup
 	.venv/bin/python benchmarks/ui_lag.py
-	.venv/bin/python benchmarks/sweep.py
+	.venv/bin/python benchmarks/prefill_vs_decode.py

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from typing import TYPE_CHECKING
 
-from bench.sweep import SweepConfig, run_sweep
+from bench.sweep import run_sweep
+from bench.sweep_result import SweepConfig
 from engine.clock import VirtualClock
 from engine.events import (
     ChatMessage,

@@ -1,4 +1,5 @@
-"""Size constants and the one formula for KV-cache bytes per token, used everywhere."""
+"""Size constants and the one formula for KV-cache bytes per token: every engine's model
+card, the start-up errors and the roofline compute it here."""
 
 from __future__ import annotations
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 from engine.errors import BadOption
 from engine.events import EmulationInfo
+from roofline.floors import emulated_pool_tokens
 from roofline.hardware import load_geometry, load_profile, total_memory_bytes
-from roofline.model import ModelGeometry, emulated_pool_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from roofline.geometry import ModelGeometry
 
 CPU_BLOCK_SIZE = 128
 GPU_BLOCK_SIZE = 16

@@ -1,5 +1,6 @@
-"""Where the roofline's inputs come from: shipped data files, local configs, and a
-short measurement of this machine's CPU.
+"""The roofline's inputs: a machine's peak numbers (`HardwareProfile`), and where they and
+the models' geometries come from: shipped data files, local configs, and a short
+measurement of this machine's CPU.
 
 GPU profiles and model geometries ship as JSON in `roofline/data/` (see the `_about` field
 of each file for what the numbers are). The "cpu" profile cannot ship: it is measured by
@@ -13,6 +14,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption
 from engine.paths import cache_dir
-from roofline.model import HardwareProfile, ModelGeometry
+from roofline.geometry import ModelGeometry
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -29,6 +31,37 @@ CPU_KEY = "cpu"
 CALIBRATION_FILE = "calibration.json"
 # Bump when the meaning of a cached field changes, so old caches are measured again.
 CALIBRATION_SCHEMA = 1
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """A machine's peak numbers, as the vendor states them (or as measured, for "cpu")."""
+
+    name: str
+    key: str
+    peak_bf16_flops: float  # dense (no 2:4 sparsity), FLOP/s
+    mem_bandwidth_bytes_s: float
+    memory_bytes: int
+    notes: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HardwareProfile:
+        return cls(
+            name=str(data["name"]),
+            key=str(data["key"]),
+            peak_bf16_flops=float(data["peak_bf16_flops"]),
+            mem_bandwidth_bytes_s=float(data["mem_bandwidth_bytes_s"]),
+            memory_bytes=int(data["memory_bytes"]),
+            notes=str(data.get("notes", "")),
+            source=str(data.get("source", "")),
+        )
 
 
 # --------------------------------------------------------------------------- data files
@@ -125,7 +158,7 @@ def load_geometry(
         raise BadOption(option, f"{str(config_path)!r}: {exc.reason}") from None
 
 
-# --------------------------------------------------------------------------- profiles
+# --------------------------------------------------------------------------- loading profiles
 
 
 def load_profile(

@@ -7,8 +7,8 @@ from subprocess_report import run_and_report
 
 from engine.errors import BadOption
 from roofline.emulation import plan_emulation
+from roofline.floors import emulated_pool_tokens
 from roofline.hardware import load_geometry, load_profile
-from roofline.model import emulated_pool_tokens
 
 
 def test_plan_asks_for_the_predicted_pool() -> None:

@@ -12,19 +12,9 @@ import pytest
 
 from cli.roofline import add_roofline_parser, parse_int_list, run_roofline
 from engine.errors import BadOption
+from engine.sizes import GIB
 from roofline import hardware
-from roofline.hardware import (
-    calibrate_cpu,
-    calibration_cache_path,
-    known_gpus,
-    known_models,
-    load_geometry,
-    load_profile,
-)
-from roofline.model import (
-    GIB,
-    HardwareProfile,
-    ModelGeometry,
+from roofline.floors import (
     RooflineReport,
     concurrent_requests,
     emulated_pool_tokens,
@@ -37,6 +27,16 @@ from roofline.model import (
     prefill_flops,
     ttft_bound,
     ttft_floor_s,
+)
+from roofline.geometry import ModelGeometry
+from roofline.hardware import (
+    HardwareProfile,
+    calibrate_cpu,
+    calibration_cache_path,
+    known_gpus,
+    known_models,
+    load_geometry,
+    load_profile,
 )
 
 if TYPE_CHECKING:

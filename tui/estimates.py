@@ -49,8 +49,8 @@ def roofline_floor(card: ModelCard) -> FloorFn | None:
     if card.device != "cpu":
         return None
     try:
+        from roofline.floors import ttft_floor_s
         from roofline.hardware import load_cached_cpu_profile, load_geometry
-        from roofline.model import ttft_floor_s
 
         profile = load_cached_cpu_profile()
         if profile is None:

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from bench.sweep import SavedSweep, SweepConfig, SweepPoint
+    from bench.sweep_files import SavedSweep
+    from bench.sweep_result import SweepConfig, SweepPoint
 
 OVERLAY_ROLE = "p90"
 """The theme's warning colour: no series of the live sweep uses it."""

@@ -1,23 +1,15 @@
 """Tape format 1: one JSON value a line, a header object first, then one array per record.
 
-Each record is an array whose first item names its kind; the header lists every kind's
-fields, so a tape explains itself to anyone who opens it in a text editor:
+Each record is an array whose first item names its kind, then the kind's fields in a fixed
+order. `LAYOUT` below declares every kind and its fields, once: the encoder places the
+fields by it, the decoder reads them back by it, the header lists it (so a tape explains
+itself to anyone who opens it in a text editor), and the table in docs/tapes/README.md is
+`layout_markdown()`, which a test keeps in step.
 
     {"kvscope_tape": 1, "created": "...", "t0": 1234.5, "clock": "perf_counter", ...}
-    ["c", at, {model card}]                                            the engine started
-    ["s", step, started_at, duration_s, prefill, decode, running, waiting, kv_usage,
-          free_blocks, total_blocks, block_size, blocks, preemptions, preempted_ids,
-          work, waiting_ids]
-    ["r", at, request_id, messages, prompt_ids_len, sampling]          stream() was called
-    ["a", request_id, prompt_tokens, submitted_at]                     RequestAccepted
-    ["t", request_id, index, token_ids, text, step, time_s, latency_s] TokenEvent
-    ["f", at, request_id, reason, prompt_tokens, output_tokens, ttft_s, itl_s, e2e_s,
-          preemptions]                                                 RequestFinished
-    ["x", at, request_id, error_type, plain_words, error_args]         the stream raised
-    ["q", at, request_id]                           the consumer stopped listening early
-    ["u", at, text, request_ids, synthetic_tokens]                     UserMessage
-    ["n", at]                                                          a new chat began
-    ["e", at, reason, detail]                                          recording ended
+    ["c", at, {model card}]
+    ["s", step, started_at, duration_s, ...]
+    ...
 
 "s", "t", "a" and "f" may end with one more item, a dict of the event's other fields that
 are not at their defaults (`server` and `vllm` timings, `idle`, fields added later).
@@ -40,6 +32,7 @@ import functools
 import itertools
 import json
 import math
+import operator
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,52 +57,226 @@ from engine.tape import errors as tape_errors
 from engine.tape.errors import RecordedError
 
 if typing.TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 FORMAT_VERSION = 1
 MAGIC = "kvscope_tape"
 
-FIELDS: dict[str, list[str]] = {
-    "c": ["at", "card"],
-    "s": [
-        "step",
-        "started_at",
-        "duration_s",
-        "prefill_tokens",
-        "decode_tokens",
-        "running",
-        "waiting",
-        "kv_usage",
-        "free_blocks",
-        "total_blocks",
-        "block_size",
-        "blocks: [request_id, num_tokens, block_ids or null when unchanged]",
-        "preemptions",
-        "preempted_ids",
-        "work: [request_id, prefill_tokens, decode_tokens]",
-        "waiting_ids",
-    ],
-    "r": ["at", "request_id", "messages", "prompt_ids_len", "sampling"],
-    "a": ["request_id", "prompt_tokens", "submitted_at"],
-    "t": ["request_id", "index", "token_ids", "text", "step", "time_s", "latency_s"],
-    "f": [
-        "at",
-        "request_id",
-        "reason",
-        "prompt_tokens",
-        "output_tokens",
-        "ttft_s",
-        "itl_s or null when it is the gaps between the token times",
-        "e2e_s",
-        "preemptions",
-    ],
-    "x": ["at", "request_id", "error_type", "plain", "error_args"],
-    "+": ["s, t, a and f records may end with a dict of the event's other fields"],
-    "q": ["at", "request_id"],
-    "u": ["at", "text", "request_ids", "synthetic_tokens"],
-    "n": ["at"],
-    "e": ["at", "reason", "detail"],
-}
+
+class RecordInvalid(ValueError):
+    """A line parsed as JSON but is not a record this format knows (the reader says where)."""
+
+
+# -- the layout --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One fixed place in a record."""
+
+    name: str  # the event's field of that name, where the record holds an event
+    more: str = ""  # what the header says after the name, for a value packed its own way
+    doc: str = ""  # what the docs say about its value, beyond the name
+
+    @property
+    def label(self) -> str:
+        return self.name + self.more
+
+
+def _fields(*fields: str | Field) -> tuple[Field, ...]:
+    return tuple(Field(f) if isinstance(f, str) else f for f in fields)
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """One kind of record: its tag (the record's first item), then its fields in order."""
+
+    tag: str
+    says: str  # what it records, for the docs
+    fields: tuple[Field, ...]
+    extras: type | None = None  # the event whose other fields may follow, as one dict
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @functools.cached_property
+    def _positions(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names, 1)}
+
+    @functools.cached_property
+    def _getter(self) -> Callable[[Any], tuple[Any, ...]]:
+        # Every field read off the event at once (C speed: steps and tokens are most records).
+        get = operator.attrgetter(*self.names)
+        return get if len(self.names) > 1 else lambda obj: (get(obj),)
+
+    def position(self, name: str) -> int:
+        """Where the field `name` sits in the record (the tag is item 0)."""
+        return self._positions[name]
+
+    def record(self, values: Mapping[str, Any]) -> list[Any]:
+        """The record of a kind without extras, from its fields' values by name."""
+        return [self.tag, *(values[name] for name in self.names)]
+
+    def take(self, event: Any) -> list[Any]:
+        """The record of an event whose fields are all this layout's, as the event holds
+        them; the caller then replaces the values packed their own way (`position`)."""
+        return [self.tag, *self._getter(event)]
+
+    def with_extras(self, record: list[Any], event: Any) -> list[Any]:
+        extra = _extras(event)
+        if extra is not None:
+            record.append(extra)
+        return record
+
+    def read(self, rec: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The record's fields by name, and its extra fields revived ({} when none)."""
+        size = len(self.fields) + 1
+        if len(rec) == size:
+            extra = None
+        elif len(rec) == size + 1 and self.extras is not None:
+            extra = rec[size]
+        else:
+            raise RecordInvalid(f"a {rec[0]!r} record of {len(rec)} items (expected {size})")
+        values = dict(zip(self.names, rec[1:size], strict=False))  # the length is checked
+        more = {} if extra is None or self.extras is None else _revive_extras(self.extras, extra)
+        return values, more
+
+
+LAYOUT: tuple[RecordLayout, ...] = (
+    RecordLayout(
+        "c",
+        "the engine started (a restart writes another)",
+        _fields("at", Field("card", doc="the ModelCard, as an object")),
+    ),
+    RecordLayout(
+        "s",
+        "an engine step (StepSample)",
+        _fields(
+            "step",
+            "started_at",
+            "duration_s",
+            "prefill_tokens",
+            "decode_tokens",
+            "running",
+            "waiting",
+            Field("kv_usage", doc="NaN when unknown, which may be written as null"),
+            "free_blocks",
+            "total_blocks",
+            "block_size",
+            Field("blocks", ": [request_id, num_tokens, block_ids or null when unchanged]"),
+            "preemptions",
+            "preempted_ids",
+            Field("work", ": [request_id, prefill_tokens, decode_tokens]"),
+            "waiting_ids",
+        ),
+        extras=StepSample,
+    ),
+    RecordLayout(
+        "r",
+        "stream() was called",
+        _fields(
+            "at",
+            "request_id",
+            Field("messages", doc="[[role, content], ...]"),
+            Field("prompt_ids_len", doc="the prompt's token count when it was token IDs"),
+            Field("sampling", doc="[max_tokens, temperature, ignore_eos, seed]"),
+        ),
+    ),
+    RecordLayout(
+        "a",
+        "the engine accepted the request (RequestAccepted)",
+        _fields("request_id", "prompt_tokens", "submitted_at"),
+        extras=RequestAccepted,
+    ),
+    RecordLayout(
+        "t",
+        "tokens came (TokenEvent)",
+        _fields("request_id", "index", "token_ids", "text", "step", "time_s", "latency_s"),
+        extras=TokenEvent,
+    ),
+    RecordLayout(
+        "f",
+        "the request finished (RequestFinished)",
+        _fields(
+            "at",
+            "request_id",
+            "reason",
+            "prompt_tokens",
+            "output_tokens",
+            "ttft_s",
+            Field("itl_s", " or null when it is the gaps between the token times"),
+            "e2e_s",
+            "preemptions",
+        ),
+        extras=RequestFinished,
+    ),
+    RecordLayout(
+        "x",
+        "the stream raised",
+        _fields(
+            "at",
+            "request_id",
+            Field("error_type", doc="the exception's class name"),
+            Field("plain", doc="its words"),
+            Field("error_args", doc="its arguments, or null when they are not plain values"),
+        ),
+    ),
+    RecordLayout("q", "the consumer stopped listening early", _fields("at", "request_id")),
+    RecordLayout(
+        "u",
+        "the user sent a message (UserMessage)",
+        _fields("at", "text", "request_ids", "synthetic_tokens"),
+    ),
+    RecordLayout("n", "a new chat began", _fields("at")),
+    RecordLayout(
+        "e",
+        "recording ended",
+        _fields(
+            "at",
+            Field("reason", doc='"closed"; "cap" at the size cap; "error" when a write failed'),
+            "detail",
+        ),
+    ),
+)
+LAYOUT_BY_TAG: dict[str, RecordLayout] = {layout.tag: layout for layout in LAYOUT}
+
+EXTRAS_NOTE = "s, t, a and f records may end with a dict of the event's other fields"
+"""The header's word on the extras: its tags are the layouts with `extras` (a test checks)."""
+
+
+def _header_fields() -> dict[str, list[str]]:
+    fields: dict[str, list[str]] = {}
+    for layout in LAYOUT:
+        fields[layout.tag] = [f.label for f in layout.fields]
+        if layout.tag == "x":
+            fields["+"] = [EXTRAS_NOTE]  # where format 1's header has always had it
+    return fields
+
+
+FIELDS: dict[str, list[str]] = _header_fields()
+"""Every kind's fields, as the header lists them."""
+
+
+def layout_markdown() -> str:
+    """The layout as the table in docs/tapes/README.md (a test checks the two agree)."""
+    lines = [
+        "| record | its items after the tag, in order | what it records |",
+        "|---|---|---|",
+    ]
+    for layout in LAYOUT:
+        items = ", ".join(
+            f"`{f.name}`{f.more}" + (f" ({f.doc})" if f.doc else "") for f in layout.fields
+        )
+        lines.append(f'| `"{layout.tag}"` | {items} | {layout.says} |')
+    with_extras = [f'`"{layout.tag}"`' for layout in LAYOUT if layout.extras is not None]
+    lines += [
+        "",
+        f"{', '.join(with_extras[:-1])} and {with_extras[-1]} may end with one more item: a "
+        "dict of the event's other fields that are not at their defaults.",
+    ]
+    return "\n".join(lines) + "\n"
+
 
 Kind = Literal["card", "step", "request", "event", "failure", "abandoned", "message", "chat", "end"]
 """What the writer is handed (the encoder turns each into one record)."""
@@ -123,9 +290,10 @@ def stdlib_dumps() -> Callable[[Any], bytes]:
 def _fastest_dumps() -> Callable[[Any], bytes]:
     """msgspec's JSON encoder where it is installed (vLLM brings it), else the stdlib's.
 
-    Both write the same JSON text, every float in its shortest exact form, but msgspec
-    does it about 10x faster (0.3 against 3-4 µs a record; benchmarks/tape_cost.py). The
-    file is the same either way, so any tape reads with the stdlib alone.
+    Both write every float in its shortest exact form (the stdlib spells the smallest with
+    an exponent, 9.7e-05 for 0.000097: the same number), but msgspec does it about 10x
+    faster (0.3 against 3-4 µs a record; benchmarks/tape_cost.py). Any tape reads with
+    the stdlib alone.
     """
     try:
         import msgspec
@@ -213,40 +381,15 @@ RecordValue = (
 
 # -- fields that may grow ------------------------------------------------------------------------
 # The events are shared by several engines and gain fields over time. A record holds the
-# fields named below in fixed places and, as an optional last item, a dict of any other
+
+
+# -- fields that may grow ------------------------------------------------------------------------
+# The events are shared by several engines and gain fields over time. A record holds its
+# layout's fields in fixed places and, as an optional last item, a dict of any other
 # field whose value is not its default, so a new field is taped without a format change.
 
-_CORE: dict[type, tuple[str, ...]] = {
-    StepSample: (
-        "step",
-        "started_at",
-        "duration_s",
-        "prefill_tokens",
-        "decode_tokens",
-        "running",
-        "waiting",
-        "kv_usage",
-        "free_blocks",
-        "total_blocks",
-        "block_size",
-        "blocks",
-        "preemptions",
-        "preempted_ids",
-        "work",
-        "waiting_ids",
-    ),
-    TokenEvent: ("request_id", "index", "token_ids", "text", "step", "time_s", "latency_s"),
-    RequestAccepted: ("request_id", "prompt_tokens", "submitted_at"),
-    RequestFinished: (
-        "request_id",
-        "reason",
-        "prompt_tokens",
-        "output_tokens",
-        "ttft_s",
-        "itl_s",
-        "e2e_s",
-        "preemptions",
-    ),
+_CORE: dict[type, frozenset[str]] = {
+    layout.extras: frozenset(layout.names) for layout in LAYOUT if layout.extras is not None
 }
 
 
@@ -322,13 +465,6 @@ def _revive_extras(cls: type, extra: Any) -> dict[str, Any]:
     return {k: revive(hints[k], v) for k, v in extra.items() if k in hints}
 
 
-def _with_extras(record: list[Any], obj: Any) -> list[Any]:
-    extra = _extras(obj)
-    if extra is not None:
-        record.append(extra)
-    return record
-
-
 # -- encoding ----------------------------------------------------------------------------------
 
 
@@ -356,6 +492,24 @@ def _plain_args(args: tuple[Any, ...]) -> list[Any] | None:
     return list(args) if ok else None
 
 
+_CARD = LAYOUT_BY_TAG["c"]
+_STEP = LAYOUT_BY_TAG["s"]
+_REQUEST = LAYOUT_BY_TAG["r"]
+_ACCEPTED = LAYOUT_BY_TAG["a"]
+_TOKEN = LAYOUT_BY_TAG["t"]
+_FINISHED = LAYOUT_BY_TAG["f"]
+_FAILURE = LAYOUT_BY_TAG["x"]
+_ABANDONED = LAYOUT_BY_TAG["q"]
+_MESSAGE = LAYOUT_BY_TAG["u"]
+_CHAT = LAYOUT_BY_TAG["n"]
+_END = LAYOUT_BY_TAG["e"]
+_STEP_BLOCKS = _STEP.position("blocks")
+_STEP_PREEMPTED = _STEP.position("preempted_ids")
+_STEP_WORK = _STEP.position("work")
+_STEP_WAITING = _STEP.position("waiting_ids")
+_TOKEN_IDS = _TOKEN.position("token_ids")
+
+
 class Encoder:
     """Turns what the recorder saw into records; one per tape, used by the writer thread."""
 
@@ -370,32 +524,48 @@ class Encoder:
         if kind == "request":
             r: GenerationRequest = value
             sp = r.sampling
-            return [
-                "r",
-                at,
-                r.request_id,
-                [[m.role, m.content] for m in r.messages],
-                None if r.prompt_token_ids is None else len(r.prompt_token_ids),
-                [sp.max_tokens, sp.temperature, sp.ignore_eos, sp.seed],
-            ]
+            return _REQUEST.record(
+                {
+                    "at": at,
+                    "request_id": r.request_id,
+                    "messages": [[m.role, m.content] for m in r.messages],
+                    "prompt_ids_len": None
+                    if r.prompt_token_ids is None
+                    else len(r.prompt_token_ids),
+                    "sampling": [sp.max_tokens, sp.temperature, sp.ignore_eos, sp.seed],
+                }
+            )
         if kind == "failure":
             rid, exc = value
-            words = exc.plain() if isinstance(exc, KvscopeError) else str(exc)
-            args = _plain_args(exc.args) if isinstance(exc, KvscopeError) else None
-            return ["x", at, rid, type(exc).__name__, words, args]
+            return _FAILURE.record(
+                {
+                    "at": at,
+                    "request_id": rid,
+                    "error_type": type(exc).__name__,
+                    "plain": exc.plain() if isinstance(exc, KvscopeError) else str(exc),
+                    "error_args": _plain_args(exc.args) if isinstance(exc, KvscopeError) else None,
+                }
+            )
         if kind == "abandoned":
-            return ["q", at, value]
+            return _ABANDONED.record({"at": at, "request_id": value})
         if kind == "message":
             m: UserMessage = value
-            return ["u", m.time_s, m.text, list(m.request_ids), m.synthetic_tokens]
+            return _MESSAGE.record(
+                {
+                    "at": m.time_s,
+                    "text": m.text,
+                    "request_ids": list(m.request_ids),
+                    "synthetic_tokens": m.synthetic_tokens,
+                }
+            )
         if kind == "card":
             # A new engine (a restart): nothing of the old one's state carries over.
             self._track = _Tracker()
-            return ["c", at, dataclasses.asdict(value)]
+            return _CARD.record({"at": at, "card": dataclasses.asdict(value)})
         if kind == "chat":
-            return ["n", at]
+            return _CHAT.record({"at": at})
         reason, detail = value
-        return ["e", at, reason, detail]
+        return _END.record({"at": at, "reason": reason, "detail": detail})
 
     def _step(self, s: StepSample) -> list[Any]:
         previous = self._track.blocks
@@ -406,64 +576,39 @@ class Encoder:
             blocks.append([b.request_id, b.num_tokens, None if same else list(b.block_ids)])
             now[b.request_id] = b.block_ids
         self._track.blocks = now
-        record = [
-            "s",
-            s.step,
-            s.started_at,
-            s.duration_s,
-            s.prefill_tokens,
-            s.decode_tokens,
-            s.running,
-            s.waiting,
-            s.kv_usage,
-            s.free_blocks,
-            s.total_blocks,
-            s.block_size,
-            blocks,
-            s.preemptions,
-            list(s.preempted_ids),
-            [[w.request_id, w.prefill_tokens, w.decode_tokens] for w in s.work],
-            list(s.waiting_ids),
-        ]
-        return _with_extras(record, s)
+        record = _STEP.take(s)
+        record[_STEP_BLOCKS] = blocks
+        record[_STEP_PREEMPTED] = list(s.preempted_ids)
+        record[_STEP_WORK] = [[w.request_id, w.prefill_tokens, w.decode_tokens] for w in s.work]
+        record[_STEP_WAITING] = list(s.waiting_ids)
+        return _STEP.with_extras(record, s)
 
     def _event(self, e: EngineEvent, at: float) -> list[Any]:
         if isinstance(e, TokenEvent):
             self._track.tokens(e)
-            record = [
-                "t",
-                e.request_id,
-                e.index,
-                list(e.token_ids),
-                e.text,
-                e.step,
-                e.time_s,
-                e.latency_s,
-            ]
-        elif isinstance(e, RequestAccepted):
-            record = ["a", e.request_id, e.prompt_tokens, e.submitted_at]
-        else:
-            gaps = self._track.gaps(e.request_id)
-            record = [
-                "f",
-                at,
-                e.request_id,
-                e.reason,
-                e.prompt_tokens,
-                e.output_tokens,
-                e.ttft_s,
-                None if gaps == e.itl_s else list(e.itl_s),
-                e.e2e_s,
-                e.preemptions,
-            ]
-        return _with_extras(record, e)
+            record = _TOKEN.take(e)
+            record[_TOKEN_IDS] = list(e.token_ids)
+            return _TOKEN.with_extras(record, e)
+        if isinstance(e, RequestAccepted):
+            return _ACCEPTED.with_extras(_ACCEPTED.take(e), e)
+        gaps = self._track.gaps(e.request_id)
+        record = _FINISHED.record(
+            {
+                "at": at,
+                "request_id": e.request_id,
+                "reason": e.reason,
+                "prompt_tokens": e.prompt_tokens,
+                "output_tokens": e.output_tokens,
+                "ttft_s": e.ttft_s,
+                "itl_s": None if gaps == e.itl_s else list(e.itl_s),
+                "e2e_s": e.e2e_s,
+                "preemptions": e.preemptions,
+            }
+        )
+        return _FINISHED.with_extras(record, e)
 
 
 # -- decoding ----------------------------------------------------------------------------------
-
-
-class RecordInvalid(ValueError):
-    """A line parsed as JSON but is not a record this format knows (the reader says where)."""
 
 
 def decode_card(data: Any) -> ModelCard:
@@ -502,15 +647,6 @@ def _when(rec: list[Any], value: RecordValue) -> float:
     return float(at)
 
 
-def _split(rec: list[Any], size: int) -> tuple[list[Any], dict[str, Any] | None]:
-    """A record's fixed items, and its extra fields when it has them."""
-    if len(rec) == size:
-        return rec, None
-    if len(rec) == size + 1:
-        return rec[:size], rec[size]
-    raise RecordInvalid(f"a {rec[0]!r} record of {len(rec)} items (expected {size})")
-
-
 class Decoder:
     """Turns records back into the values the recorder saw, in file order."""
 
@@ -530,95 +666,57 @@ class Decoder:
             raise RecordInvalid(f"a {rec[0]!r} record that does not read ({exc})") from None
 
     def _decode(self, rec: list[Any]) -> RecordValue:
-        kind = rec[0]
+        layout = LAYOUT_BY_TAG.get(rec[0])
+        if layout is None:
+            raise RecordInvalid(f"an unknown record kind {rec[0]!r}")
+        v, more = layout.read(rec)
+        kind = layout.tag
         if kind == "s":
-            return self._step(rec)
+            return self._step(v, more)
         if kind == "t":
-            fixed, extra = _split(rec, 8)
-            _, rid, index, ids, text, step, time_s, latency_s = fixed
-            more = {} if extra is None else _revive_extras(TokenEvent, extra)
-            event = TokenEvent(rid, index, tuple(ids), text, step, time_s, latency_s, **more)
+            v["token_ids"] = tuple(v["token_ids"])
+            event = TokenEvent(**v, **more)
             self._track.tokens(event)
             return event
         if kind == "a":
-            fixed, extra = _split(rec, 4)
-            _, rid, prompt_tokens, submitted_at = fixed
-            more = {} if extra is None else _revive_extras(RequestAccepted, extra)
-            return RequestAccepted(rid, prompt_tokens, submitted_at, **more)
+            return RequestAccepted(**v, **more)
         if kind == "f":
-            fixed, extra = _split(rec, 10)
-            _, _at, rid, reason, prompt, output, ttft, itl, e2e, preemptions = fixed
-            more = {} if extra is None else _revive_extras(RequestFinished, extra)
-            gaps = self._track.gaps(rid)
-            return RequestFinished(
-                request_id=rid,
-                reason=reason,
-                prompt_tokens=prompt,
-                output_tokens=output,
-                ttft_s=ttft,
-                itl_s=gaps if itl is None else tuple(itl),
-                e2e_s=e2e,
-                preemptions=preemptions,
-                **more,
-            )
+            del v["at"]
+            gaps = self._track.gaps(v["request_id"])
+            itl = v["itl_s"]
+            v["itl_s"] = gaps if itl is None else tuple(itl)
+            return RequestFinished(**v, **more)
         if kind == "r":
-            _, at, rid, messages, ids_len, sampling = rec
-            max_tokens, temperature, ignore_eos, seed = sampling
+            max_tokens, temperature, ignore_eos, seed = v["sampling"]
             request = GenerationRequest(
-                rid,
-                messages=tuple(ChatMessage(role, content) for role, content in messages),
+                v["request_id"],
+                messages=tuple(ChatMessage(role, content) for role, content in v["messages"]),
                 sampling=SamplingSettings(max_tokens, temperature, ignore_eos, seed),
             )
-            return StartedRequest(request, at, ids_len)
+            return StartedRequest(request, v["at"], v["prompt_ids_len"])
         if kind == "x":
-            _, at, rid, error_type, words, args = rec
-            return RecordedFailure(rid, rebuild_error(error_type, words, args), at)
+            error = rebuild_error(v["error_type"], v["plain"], v["error_args"])
+            return RecordedFailure(v["request_id"], error, v["at"])
         if kind == "q":
-            _, at, rid = rec
-            return Abandoned(rid, at)
+            return Abandoned(v["request_id"], v["at"])
         if kind == "u":
-            _, at, text, rids, synthetic = rec
-            return UserMessage(text, at, tuple(rids), synthetic)
+            return UserMessage(v["text"], v["at"], tuple(v["request_ids"]), v["synthetic_tokens"])
         if kind == "c":
-            _, at, card = rec
             self._track = _Tracker()
-            return CardRecord(decode_card(card), at)
+            return CardRecord(decode_card(v["card"]), v["at"])
         if kind == "n":
-            return NewChat(rec[1])
-        if kind == "e":
-            _, at, reason, detail = rec
-            return RecordingEnded(reason, detail, at)
-        raise RecordInvalid(f"an unknown record kind {kind!r}")
+            return NewChat(v["at"])
+        return RecordingEnded(v["reason"], v["detail"], v["at"])
 
-    def _step(self, rec: list[Any]) -> StepSample:
-        fixed, extra = _split(rec, 17)
-        (
-            _,
-            step,
-            started_at,
-            duration_s,
-            prefill,
-            decode,
-            running,
-            waiting,
-            kv_usage,
-            free,
-            total,
-            block_size,
-            raw_blocks,
-            preemptions,
-            preempted,
-            work,
-            waiting_ids,
-        ) = fixed
+    def _step(self, v: dict[str, Any], more: dict[str, Any]) -> StepSample:
         previous = self._track.blocks
         now: dict[str, tuple[int, ...]] = {}
         blocks: list[RequestBlocks] = []
-        for rid, num_tokens, ids in raw_blocks:
+        for rid, num_tokens, ids in v["blocks"]:
             if ids is None:
                 if rid not in previous:
                     raise RecordInvalid(
-                        f"step {step} says the blocks of {rid!r} did not change, but the "
+                        f"step {v['step']} says the blocks of {rid!r} did not change, but the "
                         "step before does not list them"
                     )
                 block_ids = previous[rid]
@@ -627,23 +725,10 @@ class Decoder:
             now[rid] = block_ids
             blocks.append(RequestBlocks(rid, block_ids, num_tokens))
         self._track.blocks = now
-        more = {} if extra is None else _revive_extras(StepSample, extra)
-        return StepSample(
-            step=step,
-            started_at=started_at,
-            duration_s=duration_s,
-            prefill_tokens=prefill,
-            decode_tokens=decode,
-            running=running,
-            waiting=waiting,
-            kv_usage=kv_usage if kv_usage is not None else math.nan,
-            free_blocks=free,
-            total_blocks=total,
-            block_size=block_size,
-            blocks=tuple(blocks),
-            preemptions=preemptions,
-            preempted_ids=tuple(preempted),
-            work=tuple(RequestWork(rid, p, d) for rid, p, d in work),
-            waiting_ids=tuple(waiting_ids),
-            **more,
-        )
+        kv_usage = v["kv_usage"]
+        v["kv_usage"] = kv_usage if kv_usage is not None else math.nan
+        v["blocks"] = tuple(blocks)
+        v["preempted_ids"] = tuple(v["preempted_ids"])
+        v["work"] = tuple(RequestWork(rid, p, d) for rid, p, d in v["work"])
+        v["waiting_ids"] = tuple(v["waiting_ids"])
+        return StepSample(**v, **more)

@@ -216,7 +216,8 @@ class TapeRecorder:
                 self._write(raw)
                 self.records += 1
             at = self.clock.now()
-            self._write(dumps(["e", at, "cap", f"{self.cap_bytes} bytes"]) + b"\n")
+            end = self._encoder.encode("end", ("cap", f"{self.cap_bytes} bytes"), at)
+            self._write(dumps(end) + b"\n")
             self._stop_early(
                 f"Recording stopped: the tape {self.path} reached its size cap of "
                 f"{_size(self.cap_bytes)} ({self.cap_bytes:,} bytes). The session goes on; "

@@ -17,20 +17,24 @@ peak: a real engine lands above it. `percent_of_floor` says how close a measurem
 The KV pool is what vLLM has left for the cache after weights and a reserve for
 activations, out of `memory * gpu_memory_utilization`.
 
-Pure Python on purpose: the TUI, the CLI and the tests import it without torch or vLLM.
+The machine's numbers are a `roofline.hardware.HardwareProfile`, the model's a
+`roofline.geometry.ModelGeometry`. Pure Python on purpose: the TUI, the CLI and the tests
+import it without torch or vLLM.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption
+from engine.sizes import MIB
+from roofline.geometry import ModelGeometry
+from roofline.hardware import HardwareProfile
 
-MIB = 1024**2
-GIB = 1024**3
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 # vLLM's default KV block size on CUDA (the CPU backend uses 128). The pool is a whole
 # number of blocks, and every request holds whole blocks, so capacities round to it.
@@ -47,198 +51,6 @@ DEFAULT_MAX_NUM_SEQS = 256
 # 768 MiB was chosen so that Qwen2.5-7B-Instruct on an L4 at gpu_memory_utilization=0.9
 # gets the ~4.3 GiB (~80k-token) pool vLLM is observed to allocate there.
 DEFAULT_FIXED_OVERHEAD_BYTES = 768 * MIB
-
-# vLLM serves "auto"-dtype checkpoints in 16 bits (a float32 checkpoint is cast down), so
-# 2 bytes per weight and per KV element is the default for every geometry.
-DEFAULT_DTYPE_BYTES = 2
-
-# Model types whose attention has biases on q, k and v but not on o (Qwen2's layout).
-_QKV_BIAS_MODEL_TYPES = frozenset({"qwen2"})
-# Model types with a per-head RMSNorm on q and k (weights of head_dim each).
-_QK_NORM_MODEL_TYPES = frozenset({"qwen3"})
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-def _cfg_int(cfg: Mapping[str, Any], key: str) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadOption(
-            "model config",
-            f"config.json needs a positive integer {key!r} (got {value!r})",
-        )
-    return value
-
-
-def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Multimodal configs nest the language model's geometry under `text_config`."""
-    inner = cfg.get("text_config")
-    if isinstance(inner, Mapping) and "hidden_size" in inner and "hidden_size" not in cfg:
-        return inner
-    return cfg
-
-
-def count_params_from_hf_config(cfg: Mapping[str, Any]) -> int:
-    """Parameters of a Llama/Qwen2-style decoder, counted from its `config.json`.
-
-    With h = hidden_size, i = intermediate_size, V = vocab_size, n_q = attention heads,
-    n_kv = KV heads, d = head_dim, N = layers:
-
-        embeddings      V * h
-        per layer       q_proj h * n_q*d, k_proj and v_proj h * n_kv*d each, o_proj n_q*d * h
-                        + q/k/v biases n_q*d + 2*n_kv*d   (Qwen2, or attention_bias)
-                        + o bias h                        (attention_bias only, not Qwen2)
-                        + q/k RMSNorm 2*d                 (Qwen3)
-                        + gated MLP 3 * h * i             (gate, up, down projections)
-                        + MLP biases 2*i + h              (mlp_bias only)
-                        + 2 RMSNorms 2 * h
-        final norm      h
-        lm_head         V * h, unless tie_word_embeddings reuses the embedding matrix
-
-    Rotary embeddings have no parameters. Mixture-of-experts configs are refused: one
-    `intermediate_size` does not describe their experts.
-    """
-    cfg = _text_config(cfg)
-    if any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
-        raise BadOption(
-            "model config",
-            "mixture-of-experts models are not supported by the roofline parameter count",
-        )
-    h = _cfg_int(cfg, "hidden_size")
-    i = _cfg_int(cfg, "intermediate_size")
-    vocab = _cfg_int(cfg, "vocab_size")
-    layers = _cfg_int(cfg, "num_hidden_layers")
-    n_q = _cfg_int(cfg, "num_attention_heads")
-    n_kv = int(cfg.get("num_key_value_heads") or n_q)
-    d = _head_dim(cfg, h, n_q)
-    model_type = str(cfg.get("model_type", "")).lower()
-    tied = bool(cfg.get("tie_word_embeddings", False))
-
-    attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
-    if model_type in _QKV_BIAS_MODEL_TYPES:
-        attn += n_q * d + 2 * n_kv * d
-    elif cfg.get("attention_bias"):
-        attn += n_q * d + 2 * n_kv * d + h
-    if model_type in _QK_NORM_MODEL_TYPES:
-        attn += 2 * d
-    mlp = 3 * h * i
-    if cfg.get("mlp_bias"):
-        mlp += 2 * i + h
-    per_layer = attn + mlp + 2 * h
-
-    embeddings = vocab * h
-    lm_head = 0 if tied else vocab * h
-    return embeddings + layers * per_layer + h + lm_head
-
-
-def _head_dim(cfg: Mapping[str, Any], hidden: int, heads: int) -> int:
-    # Some configs (Qwen3, Gemma) set head_dim apart from hidden/heads; others leave it out
-    # or null, and the model then uses hidden // heads.
-    explicit = cfg.get("head_dim")
-    if isinstance(explicit, int) and not isinstance(explicit, bool) and explicit > 0:
-        return explicit
-    return hidden // heads
-
-
-@dataclass(frozen=True, slots=True)
-class ModelGeometry:
-    """The shape of a decoder-only transformer: all the roofline needs from a model."""
-
-    name: str
-    num_params: int
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    dtype_bytes: int
-    tie_word_embeddings: bool
-    intermediate_size: int
-    max_position_embeddings: int
-
-    @classmethod
-    def from_hf_config(
-        cls, cfg: Mapping[str, Any], name: str, dtype_bytes: int = DEFAULT_DTYPE_BYTES
-    ) -> ModelGeometry:
-        """Build from a Hugging Face `config.json` dict; see `count_params_from_hf_config`."""
-        text = _text_config(cfg)
-        hidden = _cfg_int(text, "hidden_size")
-        heads = _cfg_int(text, "num_attention_heads")
-        return cls(
-            name=name,
-            num_params=count_params_from_hf_config(text),
-            num_layers=_cfg_int(text, "num_hidden_layers"),
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=_head_dim(text, hidden, heads),
-            vocab_size=_cfg_int(text, "vocab_size"),
-            dtype_bytes=dtype_bytes,
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-            intermediate_size=_cfg_int(text, "intermediate_size"),
-            max_position_embeddings=_cfg_int(text, "max_position_embeddings"),
-        )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        # K and V, for every layer and KV head: what one token costs in the KV cache.
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights in memory: every parameter at `dtype_bytes`."""
-        return self.num_params * self.dtype_bytes
-
-    @property
-    def embedding_params(self) -> int:
-        """The input embedding table plus the lm_head when it is a separate matrix."""
-        tables = 1 if self.tie_word_embeddings else 2
-        return tables * self.vocab_size * self.hidden_size
-
-    @property
-    def non_embedding_params(self) -> int:
-        """Parameters every token goes through as matmuls (Kaplan et al.'s N)."""
-        return self.num_params - self.embedding_params
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ModelGeometry:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-
-
-# --------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareProfile:
-    """A machine's peak numbers, as the vendor states them (or as measured, for "cpu")."""
-
-    name: str
-    key: str
-    peak_bf16_flops: float  # dense (no 2:4 sparsity), FLOP/s
-    mem_bandwidth_bytes_s: float
-    memory_bytes: int
-    notes: str = ""
-    source: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HardwareProfile:
-        return cls(
-            name=str(data["name"]),
-            key=str(data["key"]),
-            peak_bf16_flops=float(data["peak_bf16_flops"]),
-            mem_bandwidth_bytes_s=float(data["mem_bandwidth_bytes_s"]),
-            memory_bytes=int(data["memory_bytes"]),
-            notes=str(data.get("notes", "")),
-            source=str(data.get("source", "")),
-        )
 
 
 # --------------------------------------------------------------------------- FLOPs

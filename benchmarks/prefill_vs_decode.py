@@ -6,7 +6,7 @@ run so machine noise cancels:
   ITL(4096) / ITL(512)         expected below 1.5  (decode is memory-bound)
 and measured ITL as a percentage of this CPU's roofline floor.
 
-    .venv/bin/python benchmarks/sweep.py [--runs 3] [--output-len 128] [--out DIR]
+    .venv/bin/python benchmarks/prefill_vs_decode.py [--runs 3] [--output-len 128] [--out DIR]
 """
 
 from __future__ import annotations
