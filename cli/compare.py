@@ -22,7 +22,7 @@ from engine.errors import BadOption, KvscopeError
 if TYPE_CHECKING:
     import argparse
 
-    from bench.sweep import SweepConfig, SweepResult
+    from bench.sweep_result import SweepConfig, SweepResult
 
 # (field, header): the figures the ratio table compares.
 COMPARED = (
@@ -49,9 +49,9 @@ def run_compare(
     args: argparse.Namespace, config: SweepConfig, engine_argv: list[str]
 ) -> dict[str, SweepResult]:
     """Measure each config on a fresh engine; a bad flag names the config it came from."""
-    from bench.sweep import SweepResult
-    from cli.bench import check_output_len, measure
-    from cli.launch import running_engine
+    from bench.sweep_result import SweepResult
+    from cli.engine_choice import started_engine
+    from cli.measure import check_output_len, measure
     from engine.vllm.options import build_engine_settings
 
     configs = parse_configs(args.compare)
@@ -68,8 +68,8 @@ def run_compare(
         print(f"kvscope: config {label}: {' '.join(flags) or '(defaults)'}", file=sys.stderr)
         result = SweepResult(config, complete=False)
         try:
-            with running_engine(
-                argv, check=lambda ns: check_output_len(config, ns.max_model_len)
+            with started_engine(
+                args, argv, check=lambda ns: check_output_len(config, ns.max_model_len)
             ) as engine:
                 measure(engine, config, result, [], hardware=None)
         except KvscopeError as exc:
@@ -123,7 +123,7 @@ def overlay_charts(results: dict[str, SweepResult], flags: list[str], width: int
 def report_compare(
     results: dict[str, SweepResult], args: argparse.Namespace, json_path: str | None
 ) -> int:
-    from cli.bench import render_summary
+    from cli.sweep_table import render_summary
 
     console = Console(file=sys.stdout, width=120)
     for label, text in zip(("A", "B"), args.compare, strict=True):

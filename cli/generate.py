@@ -226,7 +226,7 @@ async def generate_once(
         remove()
     assert finished is not None
     card = engine.card
-    remote = bool(getattr(engine, "remote", False))
+    remote = engine.features.remote is not None
     return {
         **request_record(finished),
         "model": dataclasses.asdict(card) if card else None,
@@ -251,24 +251,19 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
 
 
 def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
-    from cli.launch import int_flag, running_engine, say
+    from cli.engine_choice import started_engine
+    from cli.launch import int_flag, say
 
     inputs = read_inputs(args)  # bad flags stop here, before vLLM is even imported
     check_against_limit(inputs, int_flag(engine_argv, "--max-model-len"))
     for notice in inputs.notices:
         say(notice)
-    from cli.replay import open_recorder, recorded
-
-    recorder = open_recorder(args.tape) if args.tape else None  # said before any engine
-    if args.url:
-        from cli.attach import remote_engine
-
-        engine_cm: Any = remote_engine(args, engine_argv)
-    else:
-        engine_cm = running_engine(
-            engine_argv, check=lambda flags: check_against_limit(inputs, flags.max_model_len)
-        )
-    with engine_cm as inner, recorded(inner, recorder) as engine:
+    with started_engine(
+        args,
+        engine_argv,
+        check=lambda flags: check_against_limit(inputs, flags.max_model_len),
+        tape=args.tape,
+    ) as engine:
         card = engine.card
         check_against_limit(inputs, card.max_model_len if card else None)
         request = build_request(engine, inputs)

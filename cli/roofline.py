@@ -11,8 +11,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, KvscopeError
+from engine.sizes import GIB, MIB
+from roofline.floors import RooflineReport, predict
 from roofline.hardware import known_gpus, known_models, load_geometry, load_profile
-from roofline.model import GIB, MIB, RooflineReport, predict
 
 if TYPE_CHECKING:
     import argparse

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_helpers import KVSCOPE, READY, one_line
 
-from bench.sweep import SweepConfig, SweepResult
+from bench.sweep_result import SweepConfig, SweepResult
 from engine import model_prep
 from engine.fake import FakeConfig, FakeEngine
 
@@ -37,10 +38,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
 # Small enough to start fast: 1,024 tokens of context, 32 MiB of KV (10 blocks of 128).
 SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)]
-READY = "kvscope: engine ready:"
 
 
 # -- running kvscope ---------------------------------------------------------------------------
@@ -101,13 +100,10 @@ def clean(out: subprocess.CompletedProcess[str], code: int) -> list[str]:
     return [x for x in out.stderr.splitlines() if x.strip() and not x.startswith(READY)]
 
 
-def one_line(out: subprocess.CompletedProcess[str], code: int, *numbers: str) -> str:
-    """Exactly one `kvscope:` line on stderr, saying each of `numbers`."""
-    lines = clean(out, code)
-    assert len(lines) == 1 and lines[0].startswith("kvscope: "), lines
-    for n in numbers:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+def exited(out: subprocess.CompletedProcess[str], code: int) -> str:
+    """The stderr of a run that must have exited with `code` (for `one_line`)."""
+    assert out.returncode == code, f"exit {out.returncode}\n{out.stderr[-3000:]}"
+    return out.stderr
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +163,7 @@ def test_generate_refuses_bad_flags_at_once(
     flags: list[str], code: int, numbers: list[str], without_vllm: dict[str, str]
 ) -> None:
     # No vLLM import, no engine: these answer in well under a second.
-    one_line(kvscope("generate", *flags, env=without_vllm, timeout=60), code, *numbers)
+    one_line(exited(kvscope("generate", *flags, env=without_vllm, timeout=60), code), *numbers)
 
 
 def test_an_empty_prompt_file_and_empty_stdin_are_refused(
@@ -176,21 +172,21 @@ def test_an_empty_prompt_file_and_empty_stdin_are_refused(
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"\n")
     out = kvscope("generate", "--prompt-file", str(empty), env=without_vllm, timeout=60)
-    one_line(out, 1, str(empty), "holds no text")
+    one_line(exited(out, 1), str(empty), "holds no text")
     out = kvscope("generate", "--prompt-file", "-", stdin=b"", env=without_vllm, timeout=60)
-    one_line(out, 1, "stdin holds no text")
+    one_line(exited(out, 1), "stdin holds no text")
 
 
 def test_a_limit_spelled_for_vllm_is_checked_once_vllm_has_read_it() -> None:
     # "1k" is vLLM's own spelling of 1,000: only its parser knows it, before the engine.
     out = kvscope("generate", "--prompt-tokens", "1000", "--max-model-len", "1k")
-    one_line(out, 1, "1,000 tokens", "at most 999")
+    one_line(exited(out, 1), "1,000 tokens", "at most 999")
 
 
 def test_an_unknown_flag_is_refused_before_the_engine_starts() -> None:
     # Only vLLM's parser knows every engine flag: this one costs a vLLM import, no more.
     out = kvscope("generate", "--prompt", "hi", "--bogus-flag")
-    one_line(out, 1, "Unknown flag: --bogus-flag", "kvscope engine-help")
+    one_line(exited(out, 1), "Unknown flag: --bogus-flag", "kvscope engine-help")
 
 
 def test_a_missing_or_empty_model_folder_is_refused_at_once(
@@ -198,10 +194,10 @@ def test_a_missing_or_empty_model_folder_is_refused_at_once(
 ) -> None:
     missing = ["--prompt", "hi", "--model", "./no/such/model"]
     out = kvscope("generate", *missing, env=without_vllm, timeout=60)
-    one_line(out, 1, "Model not found", "'./no/such/model'", "no such file or folder")
+    one_line(exited(out, 1), "Model not found", "'./no/such/model'", "no such file or folder")
     empty = ["--prompt", "hi", "--model", str(tmp_path)]
     out = kvscope("generate", *empty, env=without_vllm, timeout=60)
-    one_line(out, 1, "Model not found", str(tmp_path), "no config.json")
+    one_line(exited(out, 1), "Model not found", str(tmp_path), "no config.json")
 
 
 @pytest.mark.parametrize(
@@ -223,14 +219,16 @@ def test_a_missing_or_empty_model_folder_is_refused_at_once(
 def test_bench_refuses_junk_and_unwritable_outputs_before_the_engine(
     flags: list[str], code: int, numbers: list[str], without_vllm: dict[str, str]
 ) -> None:
-    one_line(kvscope("bench", *flags, env=without_vllm, timeout=60), code, *numbers)
+    one_line(exited(kvscope("bench", *flags, env=without_vllm, timeout=60), code), *numbers)
 
 
 # -- bench never loses a finished point --------------------------------------------------------
 def test_bench_writes_each_point_as_it_lands_and_survives_a_lost_folder(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from cli.bench import ResultFile, measure, report
+    from cli.bench import report
+    from cli.measure import measure
+    from cli.result_files import ResultFile
 
     out = tmp_path / "out"
     out.mkdir()
@@ -365,7 +363,9 @@ def test_a_read_only_cache_without_the_model_says_which_folder(
     models = folder / "models"
     shutil.rmtree(models / model_prep.EMBEDDED_MODEL_NAME)
     out = kvscope("prepare-model", env=_env(folder), prefix=prefix, timeout=120)
-    one_line(out, 1, f"Cannot write to kvscope's cache folder {models}", "KVSCOPE_CACHE_DIR")
+    one_line(
+        exited(out, 1), f"Cannot write to kvscope's cache folder {models}", "KVSCOPE_CACHE_DIR"
+    )
 
 
 def test_a_read_only_cache_with_a_ready_model_is_used_as_is(
@@ -387,7 +387,7 @@ def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
         "generate", "--prompt-tokens", "1023", "--max-tokens", "1", "--json", *SMALL,
         env=_env(folder), prefix=prefix,
     )  # fmt: skip
-    line = one_line(out, 0, "cannot write vLLM's log", str(folder / "engine.log"))
+    line = one_line(exited(out, 0), "cannot write vLLM's log", str(folder / "engine.log"))
     assert "goes to" in line or "not kept" in line
     data = json.loads(out.stdout)
     assert (data["prompt_tokens"], data["output_tokens"]) == (1023, 1)
@@ -421,7 +421,7 @@ def test_start_up_failures_say_why_with_numbers(
     cache: Path, flags: list[str], numbers: list[str]
 ) -> None:
     out = kvscope("generate", "--prompt-tokens", "8", "--max-tokens", "2", *flags, env=_env(cache))
-    one_line(out, 1, *numbers)
+    one_line(exited(out, 1), *numbers)
     # The whole of vLLM's text, traceback and all, is in the engine log.
     log = (cache / "engine.log").read_text()
     assert "kvscope: the engine failed to start" in log
@@ -432,7 +432,7 @@ def test_start_up_failures_say_why_with_numbers(
 def test_a_corrupt_model_folder_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     out = kvscope("generate", "--prompt", "hi", "--model", str(tmp_path))
-    one_line(out, 1, "could not start", str(tmp_path / "config.json"), "not a valid JSON")
+    one_line(exited(out, 1), "could not start", str(tmp_path / "config.json"), "not a valid JSON")
 
 
 @pytest.mark.engine
@@ -442,7 +442,7 @@ def test_a_prompt_that_is_not_utf8_is_decoded_and_said(cache: Path) -> None:
     out = kvscope(
         "generate", "--prompt", prompt, "--max-tokens", "2", "--json", *SMALL, env=_env(cache)
     )
-    one_line(out, 0, "--prompt is not valid UTF-8", "2 bytes replaced")
+    one_line(exited(out, 0), "--prompt is not valid UTF-8", "2 bytes replaced")
     data = json.loads(out.stdout)
     assert data["output_tokens"] == 2
     assert data["prompt_tokens"] > 5
@@ -458,7 +458,7 @@ def test_bench_with_a_huge_length_measures_the_rest_and_keeps_every_point(
         "--warmup", "0", "--no-roofline", "--json", str(json_path), "--csv", str(csv_path),
         *SMALL, env=_env(cache),
     )  # fmt: skip
-    one_line(out, 3, "1 of 2 lengths failed", "1,000,000,000 tokens", "1,024")
+    one_line(exited(out, 3), "1 of 2 lengths failed", "1,000,000,000 tokens", "1,024")
     assert "kvscope bench" in out.stdout  # the table
     data = json.loads(json_path.read_text())
     assert data["complete"] is True

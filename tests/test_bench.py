@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_helpers import KVSCOPE
 
-from bench.sweep import SweepConfig, SweepPoint, SweepResult, run_sweep
+from bench.sweep import run_sweep
+from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import BadOption
 from engine.fake import FakeConfig, FakeEngine
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from engine.protocol import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
-KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
 FIELDS = [
     f"{stat}_{metric}_ms"
     for metric in ("ttft", "tpot", "itl", "e2el")
@@ -204,7 +204,7 @@ def test_floors_for_a_cpu_card_and_none_for_the_fake(vllm_engine: Engine) -> Non
 def test_the_closing_sentence_says_what_the_numbers_show(
     ratios: tuple[float, float, float], says: str
 ) -> None:
-    from cli.bench import verdict
+    from cli.sweep_table import verdict
 
     line = verdict(*ratios)
     assert says in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,13 @@ def test_the_installed_vllm_is_read_without_importing_it() -> None:
     check += "print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_kvscope_version_says_the_vllm_and_whether_it_was_checked() -> None:
+    kvscope = str(Path(sys.executable).with_name("kvscope"))
+    out = subprocess.run([kvscope, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ours, theirs = out.stdout.strip().splitlines()
+    assert ours.startswith("kvscope ")
+    assert theirs == version_line()
+    assert "checked by running" in theirs

@@ -1,0 +1,135 @@
+"""The engine a command asked for: chosen from its flags, opened, and taped when asked.
+
+Every command that runs an engine opens it here. The playground offers every kind
+(`--fake`, then `--url`, else vLLM in this process) and its app starts the engine behind
+a loading screen; `generate` and `bench` offer the kinds that start headless (`--url`,
+else vLLM), with progress on stderr; `bench --compare` starts vLLM once per config.
+
+A new engine is one folder under engine/ and one EngineKind in KINDS; flags of its own
+go beside those of the kinds it is chosen among (`--url`'s are in cli/attach.py).
+`kvscope replay` chooses no engine: its tape, the command's argument, is the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cli.attach import make_remote, remote_engine
+from cli.launch import STOP, route_logs, running_engine, stop_engine
+from cli.replay import open_recorder, recorded, session_tape
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
+
+    from cli.replay import SessionTape
+    from engine.protocol import Engine
+    from engine.tape import Tape
+
+    Check = Callable[[argparse.Namespace], None]
+    """Sees vLLM's parsed flags before the model loads, to refuse inputs they rule out."""
+    Starter = Callable[
+        [argparse.Namespace, list[str], Check | None], AbstractContextManager[Engine]
+    ]
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One engine kvscope can open: the flags that choose it, and how it is opened."""
+
+    name: str
+    asked: Callable[[argparse.Namespace], bool]
+    """Whether the flags ask for it; KINDS are asked in order, the first that says yes wins."""
+    for_playground: Callable[[argparse.Namespace, list[str]], Engine]
+    """Made, not started: the app starts it behind its loading screen."""
+    started: Starter | None = None
+    """Started with progress on stderr, and always stopped after the block (None: only
+    the playground offers it)."""
+    outlives_app: bool = True
+    """Whether stopping it is work left once the app is gone, said as it is done."""
+
+
+def _fake(_args: argparse.Namespace, _engine_argv: list[str]) -> Engine:
+    from engine.clock import RealClock
+    from engine.fake import FakeEngine
+
+    return FakeEngine(clock=RealClock())
+
+
+def _in_process(args: argparse.Namespace, engine_argv: list[str]) -> Engine:
+    # Before vLLM is imported, and while the terminal is still a terminal: a log that
+    # cannot go to the cache is said here, not drawn over the app.
+    route_logs()
+    from engine.vllm.engine import VllmEngine
+
+    emulation = None
+    if args.emulate_gpu:
+        from engine.vllm.options import gpu_present
+        from roofline.emulation import plan_emulation
+
+        plan = plan_emulation(
+            args.emulate_gpu,
+            args.emulate_model,
+            engine_argv,
+            scale=args.emulate_scale,
+            on_gpu=gpu_present(),
+        )
+        engine_argv, emulation = plan.engine_argv, plan.info
+    return VllmEngine(argv=engine_argv, emulation=emulation)
+
+
+KINDS: tuple[EngineKind, ...] = (
+    # Nothing to stop but the app, which Ctrl-C ends at once.
+    EngineKind("fake", lambda a: a.fake, _fake, outlives_app=False),
+    # A client of a running server: no vLLM, torch or GPU needed here.
+    EngineKind("server", lambda a: bool(a.url), make_remote, lambda a, v, _: remote_engine(a, v)),
+    EngineKind("vllm", lambda _: True, _in_process, lambda _, v, c: running_engine(v, check=c)),
+)
+
+
+@contextlib.contextmanager
+def playground_engine(
+    args: argparse.Namespace,
+    engine_argv: list[str],
+    resumed: Tape | None,
+    *,
+    record_by_default: bool,
+) -> Iterator[tuple[Engine, SessionTape]]:
+    """The playground's engine, not started, taped as `session_tape` decides, and the tape.
+
+    The tape is opened once the engine is made, so that a session refused on its flags
+    leaves no file; after the block the engine is stopped, then the tape closed.
+    """
+    kind = next(k for k in KINDS if k.asked(args))
+    engine = kind.for_playground(args, engine_argv)
+    tapes = session_tape(args, resumed, record_by_default=record_by_default)
+    STOP.quiet = True  # a SIGINT or SIGTERM ends the app first, then is said
+    try:
+        yield tapes.wrap(engine), tapes
+    finally:
+        if kind.outlives_app:
+            STOP.quiet = False
+            STOP.announce()
+            # The app may be gone while the engine is still loading or mid-prefill: the
+            # step thread is joined before the interpreter may exit.
+            stop_engine(engine)
+        tapes.close()  # after the engine: its last steps are on the tape
+
+
+@contextlib.contextmanager
+def started_engine(
+    args: argparse.Namespace,
+    engine_argv: list[str],
+    *,
+    check: Check | None = None,
+    tape: str | None = None,
+) -> Iterator[Engine]:
+    """A headless command's engine, started with progress on stderr, taped to `tape` when
+    one is given, and always stopped after the block (the tape closed before it)."""
+    recorder = open_recorder(tape) if tape else None  # said before any engine
+    start = next(k.started for k in KINDS if k.started is not None and k.asked(args))
+    with start(args, engine_argv, check) as inner, recorded(inner, recorder) as engine:
+        yield engine

@@ -1,0 +1,107 @@
+"""`bench --json FILE` and `--csv FILE`: the sweep's results, kept on disk as it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.sweep_result import SweepResult
+from engine.errors import BadOption
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+
+
+class ResultFile:
+    """One --json or --csv output, written again after every point, so a sweep that is
+    stopped or crashes keeps what it measured.
+
+    Each write goes to a temporary file beside the target and is renamed over it, so a
+    reader never sees half a file. If the target cannot be written after all (a full
+    disk, a folder removed mid-sweep), the results go to the temp folder instead, and
+    `problem()` says where.
+    """
+
+    def __init__(self, option: str, path: str, render: Callable[[SweepResult], str]) -> None:
+        self.option = option
+        self.path = Path(path)
+        self.render = render
+        self.written_to: Path | None = None
+        self.error: str | None = None
+
+    def check(self) -> None:
+        """Before the engine starts: can a file be created where the user asked?"""
+        if self.path.is_dir():
+            raise BadOption(self.option, f"{self.path} is a folder, not a file")
+        folder = self.path.parent
+        if not folder.is_dir():
+            raise BadOption(self.option, f"the folder {folder} does not exist")
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{self.path.name}.", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise BadOption(
+                self.option, f"cannot write in {folder} ({exc.strerror or exc})"
+            ) from None
+
+    def write(self, result: SweepResult) -> None:
+        """Never raises: losing the file must not lose the sweep."""
+        text = self.render(result)
+        if self.error is None:
+            try:
+                _replace_atomically(self.path, text)
+                self.written_to = self.path
+                return
+            except OSError as exc:
+                self.error = exc.strerror or str(exc)
+        fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
+        try:
+            _replace_atomically(fallback, text)
+            self.written_to = fallback
+        except OSError:
+            self.written_to = None
+
+    def problem(self) -> str | None:
+        if self.error is None:
+            return None
+        if self.written_to is None:
+            return (
+                f"could not write {self.path} ({self.error}), nor a copy in the temp "
+                "folder: the table on stdout is all that is kept"
+            )
+        return f"could not write {self.path} ({self.error}); the results are in {self.written_to}"
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def result_files(args: argparse.Namespace) -> list[ResultFile]:
+    files = []
+    if args.json_path:
+        files.append(ResultFile("--json", args.json_path, SweepResult.to_json))
+    if args.csv_path:
+        files.append(ResultFile("--csv", args.csv_path, SweepResult.to_csv))
+    return files
+
+
+def say_problems(files: list[ResultFile]) -> None:
+    from cli.launch import say
+
+    for f in files:
+        problem = f.problem()
+        if problem:
+            say(problem)
