@@ -1,24 +1,84 @@
-"""Shared fixtures. The real engine starts once per test session (about 15 s on 2 cores)."""
+"""Shared fixtures and marks. The real engine starts once per test session (about 15 s on 2
+cores); a test that imports vLLM is marked `engine`, and a run without them checks that vLLM
+stayed out of the process."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import pytest
+from vllm_imports import VllmImports, scan_source
+
+from tui.settings import CONFIG_DIR_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
+
+    from remote_server import VllmServer
 
 # Small enough to start fast and to fill; large enough for one 4,096-token request.
 ENGINE_ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]
 
 
+def _vllm_loaded() -> bool:
+    # A test may block the import with `sys.modules["vllm"] = None`: that is not vLLM.
+    return sys.modules.get("vllm") is not None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Every test that uses the session engine runs vLLM; `make test-fast` skips them.
+    # Every test that uses the session's engine or server, or imports vLLM, pays for vLLM;
+    # `make test-fast` skips them.
+    scans: dict[Path, VllmImports] = {}
     for item in items:
-        if "vllm_engine" in getattr(item, "fixturenames", ()):
+        if not isinstance(item, pytest.Function):
+            continue
+        if {"vllm_engine", "vllm_server"} & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
+            continue
+        if item.path not in scans:
+            scans[item.path] = scan_source(item.path.read_text())
+        name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
+        if scans[item.path].marks(name):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(autouse=True)
+def _vllm_only_under_the_engine_mark(request: pytest.FixtureRequest) -> Iterator[None]:
+    # The scan reads imports; this catches the rest (a helper module that imports vLLM for
+    # the test), naming the test. Once vLLM is loaded, later tests cannot be told apart.
+    before = _vllm_loaded()
+    yield
+    if not before and _vllm_loaded() and request.node.get_closest_marker("engine") is None:
+        pytest.fail(
+            f"{request.node.nodeid} imported vLLM but is not marked `engine`, so "
+            '`make test-fast` (-m "not engine") pays for vLLM: mark it',
+            pytrace=False,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Catches what the fixture above cannot: an import at collection or in a wider fixture.
+    if _vllm_loaded() and not any(i.get_closest_marker("engine") for i in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("")  # after the progress dots
+            reporter.write_line(
+                "kvscope tests: vLLM was imported by a run that selected no `engine` test; "
+                "a test imports it without the mark (see tests/conftest.py)",
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point kvscope's settings at a temporary folder: no test reads the user's own file."""
+    folder = tmp_path / "kvscope-config"
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +90,16 @@ def vllm_engine() -> Iterator[object]:
     engine.start()
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """One real vLLM server on loopback for the whole session (tests/remote_server.py),
+    shared by the remote-engine tests and the engine contract tests."""
+    from remote_server import VllmServer
+
+    server = VllmServer().start()
+    print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
+    yield server
+    server.stop()
+    assert not server.group_alive(), "a vLLM server process outlived the tests"

@@ -10,19 +10,21 @@ import time
 from rich.style import Style
 from textual.widgets import Input, Switch
 from tui_helpers import (
+    NARROW,
+    WIDE,
     HoldingClock,
     engine_ready,
     make_app,
     reply_done,
     send_chat,
     settle,
-    tui_config_dir,
     wait_until,
 )
 
 from engine.errors import KvPoolTooSmall
 from engine.events import LoadProgress, ModelCard, ProgressCallback, StepSample
 from engine.fake import REPLY, FakeConfig, FakeEngine
+from tui.messages import StepSampled
 from tui.screens.help import HelpScreen
 from tui.settings import AppSettings
 from tui.widgets.kv_block_map import USED
@@ -30,10 +32,6 @@ from tui.widgets.plot import Plot
 from tui.widgets.prompt_length_slider import KV_POOL_CONSEQUENCE, MAX_MODEL_LEN_CONSEQUENCE
 from tui.widgets.token_latency_view import TokenLatencyView, latency_level
 
-__all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
-
-WIDE = (160, 48)
-NARROW = (80, 24)
 LONG_REPLY = tuple(f"w{i}" for i in range(400))
 
 
@@ -517,15 +515,32 @@ async def test_preemption_is_counted_when_copies_overfill_the_pool() -> None:
 
 
 def test_step_listener_only_posts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # The listener must be safe to call after the app's loop is gone (engine thread races).
+    # The step thread calls the listener: it may only hand the sample to the app's loop
+    # (widgets and telemetry belong to the loop), and must be safe to call once that loop
+    # is gone (engine thread races).
     app = make_app()
+    main = app.main_screen
     sample = StepSample(1, 0.0, 0.01, 10, 0, 1, 0, 0.1, 60, 64, 16)
+    posted: list[object] = []
 
-    def closed(*_args: object) -> bool:
+    def post(message: object) -> bool:
+        posted.append(message)
+        return True
+
+    monkeypatch.setattr(main, "post_message", post)
+    main._on_step(sample)
+    assert len(posted) == 1
+    assert isinstance(posted[0], StepSampled) and posted[0].sample is sample
+    assert app.telemetry.latest is None  # taken in by the loop, when the message arrives
+
+    def closed(message: object) -> bool:
+        posted.append(message)
         raise RuntimeError("Event loop is closed")
 
-    monkeypatch.setattr(app.main_screen, "post_message", closed)
-    app.main_screen._on_step(sample)  # does not raise
+    monkeypatch.setattr(main, "post_message", closed)
+    main._on_step(sample)  # nobody is watching any more: nothing to tell, nothing raised
+    assert len(posted) == 2
+    assert app.telemetry.latest is None
 
 
 async def test_demo_mode_saves_a_screenshot(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from textual import _compositor
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Static
-from tui_helpers import engine_ready, make_app, reply_done, tui_config_dir, wait_until
+from tui_helpers import engine_ready, make_app, reply_done, wait_until
 
 from engine.clock import RealClock
 from engine.fake import FakeConfig, FakeEngine
@@ -32,8 +32,6 @@ from tui.widgets.live_markdown import (
 
 if TYPE_CHECKING:
     from pathlib import PurePath
-
-__all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
 
 DOCUMENT = """# Title
 

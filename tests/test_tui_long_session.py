@@ -16,14 +16,12 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual.widgets import Footer, Static
 from textual.widgets._footer import FooterKey  # not re-exported
-from tui_helpers import engine_ready, make_app, reply_done, send_chat, settle, tui_config_dir
+from tui_helpers import WIDE, engine_ready, make_app, reply_done, send_chat, settle
 
 from engine.fake import FakeConfig
 from tui.app import KvscopeApp
 from tui.gc_pauses import FULL_GROWTH, STREAM_COLLECT_S, GcPolicy
 from tui.widgets.chat_pane import LIVE_REPLIES
-
-__all__ = ["tui_config_dir"]  # the autouse fixture, imported so pytest uses it here
 
 if TYPE_CHECKING:
     import pytest
@@ -31,7 +29,6 @@ if TYPE_CHECKING:
 
     from tui.widgets.reply_block import ReplyBlock
 
-WIDE = (160, 48)
 WORDS = tuple(f"w{i}" for i in range(40))
 
 

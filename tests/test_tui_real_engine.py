@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from textual.widgets import Input
-from tui_helpers import engine_ready, make_app, reply_done, send_chat, tui_config_dir
-
-__all__ = ["tui_config_dir"]  # the autouse fixture that keeps settings in a temp folder
+from tui_helpers import engine_ready, make_app, reply_done, send_chat
 
 
 async def test_a_short_reply_streams_and_the_kv_panel_moves(vllm_engine) -> None:  # type: ignore[no-untyped-def]

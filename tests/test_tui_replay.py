@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from test_tape import record_fake_session
-from tui_helpers import make_app, settle, tui_config_dir, wait_until
+from tui_helpers import NARROW, WIDE, make_app, settle, wait_until
 
 from engine.clock import VirtualClock
 from engine.replay import ReplayEngine
@@ -28,13 +28,9 @@ from tui.widgets.kv_block_map import USED
 if TYPE_CHECKING:
     from textual.pilot import Pilot
 
-__all__ = ["tui_config_dir"]
-
 POOL = Path(__file__).resolve().parents[1] / "docs" / "tapes" / "kv-pool-preemption.jsonl"
 AT = 300
 """A step where 7 of the 8 copies hold 6 blocks each, 1 waits, and 1 was preempted."""
-WIDE = (160, 48)
-NARROW = (80, 24)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 from tui_helpers import (
+    NARROW,
     SERIES_CONFIG,
+    WIDE,
     HoldingClock,
     engine_ready,
     make_app,
@@ -22,7 +24,6 @@ from tui_helpers import (
     send_chat,
     send_series,
     settle,
-    tui_config_dir,
     wait_until,
 )
 
@@ -30,10 +31,8 @@ from engine.fake import FakeConfig
 from tui.app import KvscopeApp
 from tui.widgets.plot import Plot
 
-__all__ = ["tui_config_dir"]
-
 SWEEP_COMPARE = Path(__file__).parent / "fixtures" / "sweep" / "compare.json"
-SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48")]
+SIZES = [pytest.param(NARROW, id="80x24"), pytest.param(WIDE, id="160x48")]
 Before = Callable[[Pilot[int]], Awaitable[None]]
 
 

@@ -9,35 +9,26 @@ from typing import TYPE_CHECKING
 import pytest
 from textual.content import Content
 from textual.widgets import DataTable, Input, Static
-from tui_helpers import HoldingClock, engine_ready, make_app, tui_config_dir, wait_until
+from tui_helpers import HoldingClock, engine_ready, make_app, wait_until
 
-from bench.sweep import (
-    SavedSweep,
-    SweepConfig,
-    SweepFileError,
-    SweepMetrics,
-    SweepPoint,
-    SweepResult,
-    load_saved_sweeps,
-)
+from bench.sweep_files import SavedSweep, SweepFileError, load_saved_sweeps
+from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
 from engine.events import ModelCard
-from tui.screens.sweep import (
-    SweepScreen,
+from tui.screens.sweep import SweepScreen
+from tui.sweep_overlay import OVERLAY_ROLE, Overlay, ratio_line
+from tui.sweep_view_model import (
     default_prompt_lens,
     eta_seconds,
     parse_lens,
     run_label,
     sweep_figures,
 )
-from tui.sweep_overlay import OVERLAY_ROLE, Overlay, ratio_line
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:
     from textual.pilot import Pilot
 
     from tui.plotting import Figure, Series
-
-__all__ = ["tui_config_dir"]
 
 
 async def test_sweep_runs_plots_and_exports(tmp_path: Path) -> None:

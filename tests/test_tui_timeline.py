@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from textual.widgets import Input
-from tui_helpers import engine_ready, make_app, reply_done, settle, tui_config_dir
+from tui_helpers import NARROW, WIDE, engine_ready, make_app, reply_done, settle
 
 from engine.events import RequestFinished, RequestWork, StepSample, TokenEvent
 from engine.fake import FakeConfig
@@ -35,10 +35,6 @@ from tui.widgets.request_timeline import (
 if TYPE_CHECKING:
     from textual.pilot import Pilot
 
-__all__ = ["tui_config_dir"]
-
-WIDE = (160, 48)
-NARROW = (80, 24)
 CHUNKED = FakeConfig(max_model_len=8192, total_blocks=1024, max_num_batched_tokens=512)
 """Prompts prefill in chunks of at most 512 tokens, after the decodes of the step."""
 

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
+import math
 from typing import TYPE_CHECKING, ClassVar
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import App, ComposeResult
-from tui_helpers import block_sample, tui_config_dir
+from tui_helpers import block_sample, step_sample
 
 from engine.events import EmulationInfo, ModelCard, RequestBlocks
 from themes import all_themes
-from tui.figures import itl_figure, kv_figure, latency_figure
+from tui import axes
+from tui.figures import QUEUED_MARK, itl_figure, kv_figure, latency_figure
+from tui.host_watch import HostWatch
 from tui.plotting import Figure, PlotJob, Series, build_plot, envelope
+from tui.request_status import RequestTrack, status_of
 from tui.settings import CONFIG_DIR_ENV, AppSettings, config_dir
-from tui.telemetry import Telemetry
+from tui.telemetry import LatencyPoint, Telemetry
 from tui.widgets import STYLESHEETS
+from tui.widgets.controls_panel import concurrency_cap
 from tui.widgets.count_stepper import CountStepper
+from tui.widgets.field_line import SEPARATOR, pack
 from tui.widgets.kv_block_map import FREE, USED, KvBlockMap
 from tui.widgets.model_card import ModelCardView
 from tui.widgets.prompt_length_slider import (
@@ -28,12 +36,11 @@ from tui.widgets.prompt_length_slider import (
     PromptLengthSlider,
     walls_for,
 )
+from tui.widgets.reply_footer import footer_fields
 from tui.widgets.token_latency_view import TimedToken, TokenLatencyView
 
 if TYPE_CHECKING:
     from pathlib import Path, PurePath
-
-__all__ = ["tui_config_dir"]
 
 CARD = ModelCard(
     name="fake",
@@ -303,6 +310,41 @@ async def test_count_stepper_steps_and_clamps() -> None:
         assert str(stepper.render()).endswith("copy")
 
 
+# -- ControlsPanel's copies cap ---------------------------------------------------------------
+def test_copies_cap_stays_16_for_a_small_pool() -> None:
+    from engine.events import ModelCard
+
+    card = ModelCard("m", "m", "bf16", 1, 1, 1, 2, 4096, 128, 10, "cpu")
+    assert concurrency_cap(card) == 16
+    assert concurrency_cap(dataclasses.replace(card, total_blocks=628)) == 256
+
+
+# -- FieldLine, and the words of a reply's footer ---------------------------------------------
+def test_footer_fields_wrap_between_fields_never_inside_one() -> None:
+    fields = ("TTFT 93.0 ms", "ITL p50 37.1 ms · p99 55.0 ms", "27.4 tok/s", "hit max tokens")
+    for width in range(12, 90):
+        lines = pack(fields, width)
+        # Every field, whole and in order: none dropped, split, merged or repeated.
+        assert [part for line in lines for part in line.split(SEPARATOR)] == list(fields), width
+        for line in lines:  # over the width only as one field wider than the whole line
+            assert cell_len(line) <= width or SEPARATOR not in line, (width, line)
+        for line, after in itertools.pairwise(lines):  # a break only where the next won't fit
+            first = after.split(SEPARATOR)[0]
+            assert cell_len(line + SEPARATOR + first) > width, (width, line, first)
+
+
+def test_wording_agrees_with_numbers() -> None:
+    from tui import format as fmt
+
+    assert fmt.count(1, "block") == "1 block"
+    assert fmt.count(2, "block") == "2 blocks"
+    assert fmt.count(1, "copy", "copies") == "1 copy"
+    from engine.events import RequestFinished
+
+    one = RequestFinished("r", "length", 10, 1, 0.1, (), 0.1)
+    assert "output 1 token" in " ".join(footer_fields(one))
+
+
 # -- plotting and figures ---------------------------------------------------------------------
 def test_envelope_keeps_spikes() -> None:
     xs = [float(i) for i in range(1000)]
@@ -348,6 +390,116 @@ def test_figures_come_from_the_ring_buffers() -> None:
     assert figure is not None
     assert figure.yaxis is not None
     assert (figure.yaxis.lo, figure.yaxis.hi) == (0.0, 100.0)
+
+
+def test_ticks_are_round_and_land_on_rows() -> None:
+    step, ticks = axes.nice_ticks(0, 24009.1, 5)
+    assert step == 10000
+    assert ticks == (0, 10000, 20000, 30000)
+    token = axes.token_axis(4300, 60)
+    assert token.labels[0] == "0"
+    assert all(t == int(t) for t in token.ticks)
+    assert "4,000" in token.labels
+    small = axes.token_axis(3, 60)  # three tokens: no 0.5 ticks
+    assert all(t == int(t) for t in small.ticks)
+    ms = axes.duration_axis(437.0, 9)
+    assert ms.labels[0] == "0"
+    assert all(label.endswith(" ms") for label in ms.labels[1:])
+    for tick in ms.ticks:
+        mantissa = tick / 10 ** math.floor(math.log10(tick)) if tick else 1.0
+        assert round(mantissa, 6) in (1.0, 2.0, 4.0, 5.0, 6.0, 8.0, 3.0)
+    s = axes.duration_axis(171_900.0, 9)
+    assert s.labels[-1].endswith(" s")
+    assert s.labels[0] == "0"
+    # Every tick is a whole number of rows above the bottom: an even scale.
+    for rows in (4, 5, 6, 7, 9, 10, 13):
+        axis = axes.duration_axis(437.0, rows)
+        at = [(t - axis.lo) / (axis.hi - axis.lo) * (rows - 1) for t in axis.ticks]
+        assert all(abs(r - round(r)) < 1e-6 for r in at)
+        gaps = {round(b - a, 6) for a, b in itertools.pairwise(at)}
+        assert len(gaps) == 1
+    log = axes.log_duration_axis(20.0, 1500.0)
+    assert log.labels == ("20 ms", "100 ms", "1 s", "2 s")
+    assert axes.log_duration_axis(30.0, 90.0).labels == ("20 ms", "50 ms", "100 ms")
+
+
+def test_a_queued_copy_gets_its_own_mark_and_its_queue_split_off() -> None:
+    tel = Telemetry()
+    tel.points.extend(
+        [
+            LatencyPoint("a", 512, 90.0, 37.0, 0.0, False),
+            LatencyPoint("b", 4096, 1245.0, 44.0, 0.0, False),
+            # Queued for 149 s: left alone it would put every other point on the axis.
+            LatencyPoint("c", 4096, 150_000.0, 45.0, 148_800.0, True),
+        ]
+    )
+    figure, summary = latency_figure(tel, 60, 12)
+    assert figure is not None
+    assert figure.yaxis is not None
+    queued = next(s for s in figure.series if s.marker == QUEUED_MARK)
+    assert queued.ys == (1200.0,)
+    assert figure.yaxis.hi < 2000  # the scale is the served requests', not the queue's
+    assert summary.queued == 1
+    assert summary.queue_removed == 1
+
+
+# -- Telemetry, HostWatch and request status --------------------------------------------------
+def test_kv_plot_keeps_the_last_minute() -> None:
+    tel = Telemetry()
+    for i in range(200):
+        tel.add_sample(step_sample(i + 1, started_at=float(i), duration=0.5, free=80))
+    xs, _ys, _ = tel.kv_series()
+    assert xs[0] == -60.0
+    assert xs[-1] == 0.0
+    assert len(xs) <= 62
+
+
+def test_host_watch_names_the_load_and_wild_step_times() -> None:
+    watch = HostWatch(load_average=lambda: 3.4, cores=2)
+    assert watch.warning() is None  # not a CPU engine: the load is not checked
+    watch.check_load = True
+    warning = watch.warning()
+    assert warning is not None
+    assert "load 3.4 on 2 cores" in warning.words
+    calm = HostWatch(load_average=lambda: 0.1, cores=2)
+    calm.check_load = True
+    for i in range(40):
+        d = 0.023 if i % 3 else 1.1  # 23 ms, then over a second
+        calm.add_sample(step_sample(i, decode=1, duration=d))
+    words = calm.warning()
+    assert words is not None
+    assert "decode steps vary" in words.words
+
+
+def test_a_lone_long_prompt_is_prefilling_not_waiting_for_blocks() -> None:
+    # Seen: "waiting for KV blocks" for one 4,096-token prompt with 90 of 90 blocks free.
+    track = RequestTrack("r1", prompt_tokens=4096, submitted_at=0.0)
+    track.take(step_sample(started_at=0.5, blocks=(RequestBlocks("r1", (0,) * 16, 2048),)), 2048)
+    where = status_of(track, step_sample(free=74), accepted=True)
+    assert (where.phase, where.words) == ("prefilling", "prefilling (chunk 1 of 2)")
+
+
+def test_a_copy_held_back_with_blocks_free_is_queued_by_the_token_budget() -> None:
+    # Seen: 14 of 16 copies "queued for KV blocks" with 514 of 628 blocks free.
+    track = RequestTrack("r1.9", prompt_tokens=4096, submitted_at=0.0)
+    sample = step_sample(started_at=0.5, free=514, total=628, running=2, waiting=14)
+    track.take(sample, None)
+    where = status_of(track, sample, accepted=True)
+    assert where.words == "queued by the scheduler (token budget)"
+    short = step_sample(started_at=0.6, free=20, total=628)
+    track.take(short, None)
+    where = status_of(track, short, accepted=True)
+    assert where.phase == "waiting_kv"
+    assert where.words == "waiting for KV blocks (needs 32, 20 free)"
+
+
+def test_preempted_then_decoding() -> None:
+    track = RequestTrack("r2", prompt_tokens=100, submitted_at=0.0)
+    track.take(step_sample(started_at=0.1, block_size=16), 100)
+    track.tokens = 5
+    assert status_of(track, None, accepted=True).words == "decoding"
+    track.take(step_sample(started_at=0.2, block_size=16, preempted=("r2",)), None)
+    assert status_of(track, None, accepted=True).words == "preempted ×1: waiting to run again"
 
 
 # -- settings ---------------------------------------------------------------------------------

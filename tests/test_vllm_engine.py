@@ -7,11 +7,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from cli_helpers import KVSCOPE
 from subprocess_report import run_and_report
 
 from engine.errors import ModelNotFound, PromptTooLong
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from engine.vllm.engine import VllmEngine
 
 ROOT = Path(__file__).resolve().parents[1]
-KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
 
 
 async def _ttft(engine: Engine, n: int, seed: int) -> float:

@@ -1,8 +1,9 @@
-"""The in-process engine's life cycle without a model: what happens around shutdown()."""
+"""The in-process engine's life cycle: what happens around shutdown()."""
 
 from __future__ import annotations
 
 import pytest
+from subprocess_report import run_and_report
 
 from engine.errors import EngineDied
 from engine.vllm.engine import VllmEngine
@@ -17,7 +18,68 @@ def test_a_start_after_shutdown_refuses_without_building() -> None:
     assert engine._thread is None
 
 
-def test_shutdown_twice_is_harmless() -> None:
-    engine = VllmEngine(argv=[])
-    engine.shutdown()
-    engine.shutdown()
+# Two shutdowns race from two threads while a reply streams (the app's quit and its
+# engine worker both stop the engine), then the caller stops it once more.
+SHUTDOWN_TWICE = """
+import asyncio, json, threading, time
+from engine.errors import EngineDied
+from engine.events import GenerationRequest, SamplingSettings, TokenEvent
+from engine.vllm.engine import VllmEngine
+
+engine = VllmEngine(argv=['--max-model-len', '1024', '--kv-cache-memory-bytes', str(32 * 1024**2)])
+engine.start()
+report = {'raised': []}
+
+def stop():
+    try:
+        engine.shutdown()
+    except BaseException as exc:
+        report['raised'].append(repr(exc))
+
+stoppers = [threading.Thread(target=stop) for _ in range(2)]
+
+async def reply():
+    sampling = SamplingSettings(max_tokens=900, ignore_eos=True)
+    request = GenerationRequest('long', prompt_token_ids=engine.synthetic_prompt(64),
+                                sampling=sampling)
+    tokens = 0
+    try:
+        async for event in engine.stream(request):
+            if isinstance(event, TokenEvent):
+                tokens += 1
+                if tokens == 2:
+                    for t in stoppers:
+                        t.start()
+        report['reply'] = 'finished?!'
+    except EngineDied as exc:
+        report['reply'] = exc.plain()
+    report['tokens'] = tokens
+
+asyncio.run(asyncio.wait_for(reply(), timeout=120))
+for t in stoppers:
+    t.join(timeout=60)
+report['stoppers_returned'] = not any(t.is_alive() for t in stoppers)
+started = time.monotonic()
+stop()
+report['third_s'] = time.monotonic() - started
+try:
+    engine.start()
+    report['restart'] = 'started?!'
+except EngineDied as exc:
+    report['restart'] = exc.plain()
+report['step_threads'] = [t.name for t in threading.enumerate() if t.name == 'kvscope-engine']
+print('REPORT' + json.dumps(report))
+"""
+
+
+@pytest.mark.engine
+def test_shutdown_is_safe_twice_from_two_threads_mid_reply_and_for_good() -> None:
+    report = run_and_report(SHUTDOWN_TWICE, "REPORT")
+    assert report["raised"] == []
+    assert report["stoppers_returned"]
+    # The live reply ends with the reason, not silently and not with its 900 tokens.
+    assert report["reply"].startswith("The engine stopped: the engine was shut down"), report
+    assert 2 <= report["tokens"] < 900
+    assert report["third_s"] < 1.0  # nothing left to stop: it returns at once
+    assert "shut down" in report["restart"]
+    assert report["step_threads"] == []  # an interpreter exit under it would abort (134)

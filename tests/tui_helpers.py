@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pytest
 from textual.widgets import Input
 
 from engine.clock import Clock, VirtualClock
@@ -29,6 +28,12 @@ if TYPE_CHECKING:
 
     from engine.events import EmulationInfo, ModelCard, ProgressCallback
     from engine.protocol import Engine
+
+
+WIDE = (160, 48)
+"""A terminal size past the screens' 120-column breakpoint: the panels side by side."""
+NARROW = (80, 24)
+"""The classic terminal, under the breakpoint: the panels behind tabs."""
 
 
 class HoldingClock(VirtualClock):
@@ -88,7 +93,7 @@ def make_app(
 ) -> KvscopeApp:
     """The app around `engine`, or around a FakeEngine(fake_config) on `clock`.
 
-    Settings are read from `tmp_config_dir` (or `$KVSCOPE_CONFIG_DIR`, which the tests'
+    Settings are read from `tmp_config_dir` (or `$KVSCOPE_CONFIG_DIR`, which conftest's
     autouse fixture points at a temporary folder), never from the user's real file.
     """
     folder = Path(tmp_config_dir) if tmp_config_dir is not None else None
@@ -103,14 +108,6 @@ def make_app(
     app = KvscopeApp(engine, settings)
     app.animation_level = "none"
     return app
-
-
-@pytest.fixture(autouse=True)
-def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point kvscope's settings at a temporary folder for every test that imports this."""
-    folder = tmp_path / "kvscope-config"
-    monkeypatch.setenv(CONFIG_DIR_ENV, str(folder))
-    return folder
 
 
 async def wait_until(
@@ -183,6 +180,40 @@ async def send_series(
         main.chat.input.focus()
         await pilot.press("enter")
         await reply_done(pilot)
+
+
+def step_sample(
+    step: int = 1,
+    *,
+    started_at: float = 1.0,
+    blocks: tuple[RequestBlocks, ...] = (),
+    free: int = 90,
+    total: int = 90,
+    block_size: int = 128,
+    prefill: int = 0,
+    decode: int = 0,
+    running: int = 0,
+    waiting: int = 0,
+    duration: float = 0.1,
+    preempted: tuple[str, ...] = (),
+) -> StepSample:
+    """One engine step as a test needs it: an idle 90-block pool unless told otherwise."""
+    return StepSample(
+        step=step,
+        started_at=started_at,
+        duration_s=duration,
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        running=running,
+        waiting=waiting,
+        kv_usage=1 - free / total,
+        free_blocks=free,
+        total_blocks=total,
+        block_size=block_size,
+        blocks=blocks,
+        preemptions=len(preempted),
+        preempted_ids=preempted,
+    )
 
 
 def block_sample(blocks: tuple[RequestBlocks, ...], total: int = 64) -> StepSample:
