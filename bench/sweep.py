@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from bench.records import request_record
 from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
-from engine.errors import KvscopeError, PromptTooLong
+from engine.errors import KvscopeError
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
+from engine.request_book import check_prompt_length
 from engine.stats import summarize_ms
 
 if TYPE_CHECKING:
@@ -53,13 +54,6 @@ def floors_for_card(card: Any, output_len: int) -> FloorFn | None:
         return make_floors(card.path, "cpu", output_len)[0]
     except KvscopeError:
         return None
-
-
-def check_prompt_fits(prompt_len: int, max_model_len: int) -> None:
-    """vLLM's rule: a prompt needs room for one output token, so max_model_len itself
-    is already too long."""
-    if prompt_len >= max_model_len:
-        raise PromptTooLong(prompt_len, max_model_len)
 
 
 _ids = itertools.count()
@@ -184,7 +178,7 @@ async def run_sweep(
         try:
             if card is not None:
                 # Before the prompt is built: 10^9 synthetic tokens would take GBs first.
-                check_prompt_fits(prompt_len, card.max_model_len)
+                check_prompt_length(prompt_len, card.max_model_len)
             for _ in range(config.runs):
                 batch = [
                     _make_request(engine, prompt_len, config.output_len)

@@ -5,7 +5,8 @@ vLLM, runs on an injected clock, and schedules like a tiny paged-attention engin
 prompt prefill (or chunks of `max_num_batched_tokens`), one token per decode step, blocks
 taken from a free list, and preemption of the newest request when a decode step finds no
 free block. Its step samples say what each request did, and each finished request carries
-its TTFT anatomy, as VllmEngine's do. Engine tests never use it.
+its TTFT anatomy, as VllmEngine's do. The engine contract tests run it beside the real
+engines (tests/test_engine_protocol.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.anatomy import AnatomyClock
 from engine.clock import Clock, VirtualClock
-from engine.errors import EngineDied, PromptTooLong
+from engine.errors import EngineDied
 from engine.events import (
     ChatMessage,
     EngineEvent,
@@ -28,17 +28,20 @@ from engine.events import (
     LoadProgress,
     ModelCard,
     ProgressCallback,
-    RequestAccepted,
     RequestBlocks,
-    RequestFinished,
     RequestWork,
     StepListener,
     StepSample,
-    TokenEvent,
 )
 from engine.features import IN_PROCESS, EngineFeatures
 from engine.listeners import StepListeners
-from engine.relay import relay
+from engine.request_book import (
+    LiveRequest,
+    RequestBook,
+    RequestTimes,
+    check_prompt_length,
+    idle_sample,
+)
 from engine.sizes import kv_bytes_per_token
 
 if TYPE_CHECKING:
@@ -158,20 +161,16 @@ class FakeConfig:
 
 
 @dataclass(eq=False)  # live state, compared by identity (`in` a queue is O(1) per item)
-class _Live:
-    request: GenerationRequest
-    prompt_ids: tuple[int, ...]
-    queue: asyncio.Queue[EngineEvent | BaseException]
-    submitted_at: float
-    internal_id: str
+class _Live(LiveRequest):
+    internal_id: str = ""
     blocks: list[int] = field(default_factory=list)
     computed: int = 0  # tokens whose KV is in `blocks`
     prefill_left: int = 0  # prompt tokens still to prefill (chunked prefill)
-    output: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
     aborted: bool = False
-    preemptions: int = 0
-    anatomy: AnatomyClock | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return self.times.tokens
 
 
 class FakeEngine:
@@ -182,7 +181,7 @@ class FakeEngine:
         self._listeners = StepListeners()
         self._waiting: list[_Live] = []
         self._running: list[_Live] = []
-        self._by_id: dict[str, _Live] = {}
+        self._book: RequestBook[_Live] = RequestBook()
         self._free: list[int] = []
         self._step = 0
         self._task: asyncio.Task[None] | None = None
@@ -246,30 +245,23 @@ class FakeEngine:
         if self._dead:
             raise EngineDied(self._dead)
         ids = request.prompt_token_ids or self.chat_prompt_ids(request.messages)
-        if len(ids) >= self.config.max_model_len:  # vLLM's rule: room for one output token
-            raise PromptTooLong(len(ids), self.config.max_model_len)
-        live = _Live(
-            request=request,
-            prompt_ids=tuple(ids),
-            queue=asyncio.Queue(),
-            submitted_at=self.clock.now(),
-            internal_id=f"{request.request_id}-{next(self._ids):04d}",
-        )
-        live.anatomy = AnatomyClock(cursor=live.submitted_at)
-        self._by_id[request.request_id] = live
-        self._waiting.append(live)
-        self._ensure_loop()
-        yield RequestAccepted(request.request_id, len(ids), live.submitted_at)
-        try:
-            async for event in relay(live.queue):
-                yield event
-        finally:
-            if not live.aborted and request.request_id in self._by_id:
-                # The consumer walked away: treat it as an abort so blocks come back.
-                self.abort(request.request_id)
+        check_prompt_length(len(ids), self.config.max_model_len)
+        rid = request.request_id
+        live = _Live(request, RequestTimes.stepped(rid, self.clock.now()), tuple(ids))
+
+        def submit() -> _Live:
+            live.internal_id = f"{rid}-{next(self._ids):04d}"
+            self._book.add(live)
+            self._waiting.append(live)
+            self._ensure_loop()
+            live.put(live.accepted())
+            return live
+
+        async for event in self._book.stream(rid, submit, self.abort):
+            yield event
 
     def abort(self, request_id: str) -> None:
-        live = self._by_id.get(request_id)
+        live = self._book.get(request_id)
         if live is not None:
             live.aborted = True
             if self._wake:
@@ -323,21 +315,7 @@ class FakeEngine:
 
     def _finish(self, live: _Live, reason: FinishReason) -> None:
         self._release(live)
-        self._by_id.pop(live.request.request_id, None)
-        live.queue.put_nowait(
-            RequestFinished.from_times(
-                live.request.request_id,
-                reason,
-                prompt_tokens=len(live.prompt_ids),
-                submitted_at=live.submitted_at,
-                token_times=live.token_times,
-                now=self.clock.now(),
-                preemptions=live.preemptions,
-                anatomy=live.anatomy.result()
-                if live.anatomy is not None and live.token_times
-                else None,
-            )
-        )
+        live.put(self._book.finish(live, reason, self.clock.now()))
 
     def _do_step(self) -> None:
         c = self.config
@@ -345,11 +323,10 @@ class FakeEngine:
         started = self.clock.now()
         if c.die_at_step is not None and self._step >= c.die_at_step:
             self._dead = f"scripted failure at step {self._step}"
-            for live in self._waiting + self._running:
-                live.queue.put_nowait(EngineDied(self._dead))
+            for live in self._book.end_all():
+                live.put(EngineDied(self._dead))
             self._waiting.clear()
             self._running.clear()
-            self._by_id.clear()
             self._last_duration = 0.0
             return
         for live in [x for x in self._waiting + self._running if x.aborted]:
@@ -375,11 +352,8 @@ class FakeEngine:
                 self._running.remove(victim)
                 self._release(victim)
                 victim.preemptions += 1
-                if victim.anatomy is not None and victim.token_times:
-                    victim.anatomy.lose_output(started)
+                victim.times.lose_output(started)
                 work.pop(victim.request.request_id, None)
-                victim.output.clear()
-                victim.token_times.clear()
                 preempted.append(victim.request.request_id)
                 self._waiting.insert(0, victim)
                 if victim is live:
@@ -404,7 +378,7 @@ class FakeEngine:
         for live in list(self._waiting):
             if budget <= 0:
                 break
-            n = len(live.prompt_ids) + len(live.output)
+            n = len(live.prompt_ids) + live.output_tokens
             if not self._alloc(live, n):
                 break
             self._waiting.remove(live)
@@ -421,35 +395,14 @@ class FakeEngine:
             c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0
         )
         end = started + duration
-        preempted_set = set(preempted)
-        for live in self._waiting + self._running:
-            if live.anatomy is not None and not live.token_times:
-                rid = live.request.request_id
-                own = work[rid].prefill_tokens if rid in work else 0
-                live.anatomy.step(started, end, own, prefill + decode, rid in preempted_set)
+        own_prefill = {rid: w.prefill_tokens for rid, w in work.items()}
+        self._book.book_step(started, end, own_prefill, prefill + decode, set(preempted))
         for live in list(self._running):
             if live.prefill_left > 0:
                 continue  # no token before its whole prompt is in
-            index = len(live.output)
-            stall = dict(c.stalls).get(index, 0.0)
-            t = end + stall
-            prev = live.token_times[-1] if live.token_times else live.submitted_at
-            token = 1000 + index
-            if not live.token_times and live.anatomy is not None:
-                live.anatomy.first_token(t)
-            live.output.append(token)
-            live.token_times.append(t)
-            live.queue.put_nowait(
-                TokenEvent(
-                    request_id=live.request.request_id,
-                    index=index,
-                    token_ids=(token,),
-                    text=self._text(index),
-                    step=self._step,
-                    time_s=t,
-                    latency_s=t - prev,
-                )
-            )
+            index = live.output_tokens
+            t = end + dict(c.stalls).get(index, 0.0)
+            live.put(live.times.token((1000 + index,), self._text(index), step=self._step, at=t))
         sample = StepSample(
             step=self._step,
             started_at=started,
@@ -475,33 +428,27 @@ class FakeEngine:
         self._listeners.emit(sample)
         for live in list(self._running):
             sp = live.request.sampling
-            if len(live.output) >= sp.max_tokens:
+            if live.output_tokens >= sp.max_tokens:
                 self._running.remove(live)
                 self._finish(live, "length")
-            elif not sp.ignore_eos and len(live.output) >= len(c.reply_words):
+            elif not sp.ignore_eos and live.output_tokens >= len(c.reply_words):
                 self._running.remove(live)
                 self._finish(live, "stop")
         if not self._waiting and not self._running:
             self._emit_idle()
 
     def _emit_idle(self) -> None:
-        """The last request is gone: one sample of the pool as it is now, as VllmEngine
-        does, so no panel keeps showing the last step's state."""
+        if not self._book.went_idle():
+            return
         c = self.config
         self._listeners.emit(
-            StepSample(
+            idle_sample(
                 step=self._step,
-                started_at=self.clock.now(),
-                duration_s=0.0,
-                prefill_tokens=0,
-                decode_tokens=0,
-                running=0,
-                waiting=0,
+                at=self.clock.now(),
                 kv_usage=1 - len(self._free) / c.total_blocks,
                 free_blocks=len(self._free),
                 total_blocks=c.total_blocks,
                 block_size=c.block_size,
-                idle=True,
             )
         )
 

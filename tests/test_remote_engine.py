@@ -1,11 +1,11 @@
 """RemoteEngine against a real vLLM CPU server on 127.0.0.1 (see tests/remote_server.py).
 
-One server for the whole session (25-40 s to start on 2 cores), started with --api-key:
-every test sends the right key except the ones about keys. The last test kills that
-server mid-stream and starts it again on the same ports, so nothing else needs a second
-server. Only one engine may listen for KV events at a time (it binds the address the
-server's PUB socket connects to): the shared `remote` engine does; the others pass
-kv_events=None.
+One server for the whole session (`vllm_server` in conftest.py; 25-40 s to start on 2
+cores), started with --api-key: every test sends the right key except the ones about keys.
+The last test kills that server mid-stream and starts it again on the same ports, so
+nothing else needs a second server. Only one engine may listen for KV events at a time (it
+binds the address the server's PUB socket connects to): the shared `remote` engine does;
+the others pass kv_events=None.
 """
 
 from __future__ import annotations
@@ -43,15 +43,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 LONG_CHAT = "Tell me how ships find their way across the ocean at night. " * 16
-
-
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VllmServer]:
-    server = VllmServer().start()
-    print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
-    yield server
-    server.stop()
-    assert not server.group_alive(), "a vLLM server process outlived the tests"
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from engine.remote.kv_events import (
 )
 from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_sample
 from engine.remote.streaming import ReplyAssembler
+from engine.request_book import RequestTimes
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "remote"
@@ -197,7 +198,7 @@ def test_recorded_metrics_make_scrape_samples() -> None:
 
 
 def chat_chunks(pieces: list[bytes], start: float = 10.0) -> list[Any]:
-    reply = ReplyAssembler("r1", start)
+    reply = ReplyAssembler(RequestTimes("r1", start))
     decoder = SseDecoder()
     events: list[Any] = []
     for i, piece in enumerate(pieces):

@@ -46,14 +46,12 @@ from engine.events import (
     PrefixCacheView,
     ProgressCallback,
     RemoteCapabilities,
-    RequestFinished,
     ScrapeListener,
     ScrapeSample,
     StepListener,
 )
 from engine.features import REMOTE_DEVICE_PREFIX, EngineFeatures
 from engine.listeners import Listeners, StepListeners
-from engine.relay import relay
 from engine.remote.client import (
     ServerAnswer,
     ServerClient,
@@ -84,6 +82,7 @@ from engine.remote.metrics import (
 )
 from engine.remote.prompts import RemotePrompts
 from engine.remote.streaming import ReplyAssembler, StreamError
+from engine.request_book import LiveRequest, RequestBook, RequestTimes, check_prompt_length
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -103,23 +102,10 @@ REMOTE_LIMITS = (
 UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
 
 
-@dataclass
-class _Live:
-    request: GenerationRequest
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[EngineEvent | BaseException]
-    submitted_at: float
-    session_id: str
+@dataclass(eq=False)
+class _Live(LiveRequest):
+    session_id: str = ""
     future: concurrent.futures.Future[None] | None = None
-    done: bool = False
-    tokens: int = 0
-
-    def put(self, item: EngineEvent | BaseException) -> None:
-        if isinstance(item, RequestFinished | BaseException):
-            self.done = True
-        # A RuntimeError means the consumer's loop is gone: nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
 class RemoteEngine:
@@ -176,7 +162,8 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
-        self._live: dict[str, _Live] = {}
+        # Only open streams: the server, not this client, runs the requests.
+        self._book: RequestBook[_Live] = RequestBook()
         self._sessions: dict[str, str] = {}  # request ID -> session ID
         self._server_timings: bool | None = None
         self._lock = threading.Lock()
@@ -189,9 +176,7 @@ class RemoteEngine:
     @property
     def features(self) -> EngineFeatures:
         # Samples are /metrics scrapes: no step boundaries, no block IDs, no per-step split.
-        return EngineFeatures(
-            exact_steps=False, physical_block_ids=False, per_step_split=False, remote=self
-        )
+        return EngineFeatures(exact_steps=False, remote=self)
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Attach: list models, read the KV pool from /metrics, open the three channels.
@@ -297,7 +282,7 @@ class RemoteEngine:
             self._kv = None
         loop, thread = self._loop, self._loop_thread
         if loop is not None and thread is not None:
-            for live in list(self._live.values()):
+            for live in self._book.open_streams():
                 if live.future is not None:
                     live.future.cancel()
             with contextlib.suppress(Exception):
@@ -351,26 +336,21 @@ class RemoteEngine:
         if loop is None or card is None:
             raise EngineDied("the remote engine is not attached; call start() first")
         ids = request.prompt_token_ids
-        if ids is not None and len(ids) >= card.max_model_len:
-            # The server's rule: a prompt must leave room for one output token.
-            raise PromptTooLong(len(ids), card.max_model_len)
-        if request.request_id in self._live:
-            raise ValueError(f"request ID {request.request_id!r} is already running")
-        session = self.session_id
-        live = _Live(request, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, session)
-        with self._lock:
-            self._live[request.request_id] = live
-            self._sessions[request.request_id] = session
-        live.future = asyncio.run_coroutine_threadsafe(self._run(live), loop)
-        try:
-            async for event in relay(live.queue):
-                yield event
-        finally:
-            if not live.done:
-                self.abort(request.request_id)  # the consumer walked away: close the stream
+        if ids is not None:
+            # The server's rule, checked here: it costs no round trip.
+            check_prompt_length(len(ids), card.max_model_len)
+        rid = request.request_id
+        times = RequestTimes(rid, submitted_at)
+        live = _Live(request, times, loop=asyncio.get_running_loop(), session_id=self.session_id)
+
+        def submit() -> _Live:
             with self._lock:
-                if self._live.get(request.request_id) is live:
-                    del self._live[request.request_id]
+                self._sessions[rid] = live.session_id
+            live.future = asyncio.run_coroutine_threadsafe(self._run(live), loop)
+            return live
+
+        async for event in self._book.stream(rid, submit, self.abort):
+            yield event
 
     def _body(self, live: _Live) -> tuple[str, dict[str, Any]]:
         req, sp = live.request, live.request.sampling
@@ -400,7 +380,7 @@ class RemoteEngine:
         """On the IO loop: one request from POST to RequestFinished (or a typed error)."""
         rid = live.request.request_id
         ids = live.request.prompt_token_ids
-        reply = ReplyAssembler(rid, live.submitted_at, len(ids) if ids is not None else None)
+        reply = ReplyAssembler(live.times, len(ids) if ids is not None else None)
         path, body = self._body(live)
         http = self._http
         assert http is not None
@@ -412,44 +392,45 @@ class RemoteEngine:
                     raise await self._refusal(live, response)
                 accepted = reply.accept()  # token prompts: the length is known already
                 if accepted is not None:
-                    live.put(accepted)
+                    live.put_threadsafe(accepted)
                 decoder = SseDecoder()
                 async for raw in response.aiter_bytes():
                     arrived = time.perf_counter()  # one time for all of this read
                     for data in decoder.feed(raw):
                         if data.strip() == "[DONE]":
-                            live.put(reply.finish(time.perf_counter()))
+                            live.put_threadsafe(reply.finish(time.perf_counter()))
                             self._saw_timings(reply)
                             return
                         for event in reply.on_chunk(json.loads(data), arrived):
-                            live.put(event)
-                        live.tokens = reply.tokens
+                            live.put_threadsafe(event)
             if reply.finished_by_server:
-                live.put(reply.finish(time.perf_counter()))
+                live.put_threadsafe(reply.finish(time.perf_counter()))
                 return
             raise ConnectionLost(
                 reply.tokens, self.url, "the stream ended before the reply finished"
             )
         except asyncio.CancelledError:
             if not live.done:
-                live.put(reply.finish(time.perf_counter(), "abort"))
+                live.put_threadsafe(reply.finish(time.perf_counter(), "abort"))
             raise
         except StreamError as exc:
-            live.put(RequestRejected(rid, f"the server stopped the reply: {exc.message}"))
+            live.put_threadsafe(
+                RequestRejected(rid, f"the server stopped the reply: {exc.message}")
+            )
         except KvscopeError as exc:
-            live.put(exc)
+            live.put_threadsafe(exc)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             if answered:
-                live.put(ConnectionLost(reply.tokens, self.url, describe(exc)))
+                live.put_threadsafe(ConnectionLost(reply.tokens, self.url, describe(exc)))
             else:
-                live.put(ServerUnreachable(self.url, describe(exc)))
+                live.put_threadsafe(ServerUnreachable(self.url, describe(exc)))
         except httpx.TransportError as exc:
-            live.put(ConnectionLost(reply.tokens, self.url, describe(exc)))
+            live.put_threadsafe(ConnectionLost(reply.tokens, self.url, describe(exc)))
         except ValueError as exc:  # a chunk that is not JSON
-            live.put(ConnectionLost(reply.tokens, self.url, f"garbled stream: {exc}"))
+            live.put_threadsafe(ConnectionLost(reply.tokens, self.url, f"garbled stream: {exc}"))
         except Exception as exc:  # never leave the consumer waiting
             log.exception("kvscope: remote request failed")
-            live.put(RequestRejected(rid, f"unexpected client error: {exc}"))
+            live.put_threadsafe(RequestRejected(rid, f"unexpected client error: {exc}"))
 
     def _saw_timings(self, reply: ReplyAssembler) -> None:
         self._server_timings = reply.metrics is not None
@@ -504,7 +485,7 @@ class RemoteEngine:
 
     def abort(self, request_id: str) -> None:
         """Close that request's stream; vLLM aborts a request whose client went away."""
-        live = self._live.get(request_id)
+        live = self._book.streaming(request_id)
         if live is not None and live.future is not None and not live.done:
             live.future.cancel()
 

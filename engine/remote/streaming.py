@@ -11,7 +11,7 @@ Timing rules:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.events import (
     EngineEvent,
@@ -19,8 +19,10 @@ from engine.events import (
     RequestAccepted,
     RequestFinished,
     ServerTimings,
-    TokenEvent,
 )
+
+if TYPE_CHECKING:
+    from engine.request_book import RequestTimes
 
 
 def _seconds(ms: Any) -> float | None:
@@ -70,14 +72,12 @@ class StreamError(Exception):
 class ReplyAssembler:
     """Turns one request's chunks into RequestAccepted, TokenEvents and RequestFinished."""
 
-    def __init__(
-        self, request_id: str, submitted_at: float, prompt_tokens: int | None = None
-    ) -> None:
-        self.request_id = request_id
-        self.submitted_at = submitted_at
+    def __init__(self, times: RequestTimes, prompt_tokens: int | None = None) -> None:
+        self.times = times  # the request's own: its tokens are stamped there
+        self.request_id = times.request_id
+        self.submitted_at = times.submitted_at
         self.prompt_tokens = prompt_tokens
         self.accepted = False
-        self.token_times: list[float] = []
         self.chunks = 0
         self.reason: Any = None
         self.usage: dict[str, Any] | None = None
@@ -86,7 +86,7 @@ class ReplyAssembler:
 
     @property
     def tokens(self) -> int:
-        return len(self.token_times)
+        return self.times.tokens
 
     def accept(self) -> RequestAccepted | None:
         """RequestAccepted, once, as soon as the prompt length is known."""
@@ -129,19 +129,10 @@ class ReplyAssembler:
                 self.accepted = True
                 out.append(RequestAccepted(self.request_id, 0, self.submitted_at))
             self.chunks += 1
-            prev = self.token_times[-1] if self.token_times else self.submitted_at
+            # A remote engine has no steps: the chunk number stands in for one.
             out.append(
-                TokenEvent(
-                    request_id=self.request_id,
-                    index=self.tokens,
-                    token_ids=token_ids,
-                    text=str(text),
-                    step=self.chunks,  # a remote engine has no steps: the chunk number
-                    time_s=arrived,
-                    latency_s=arrived - prev,
-                )
+                self.times.token(token_ids, str(text), step=self.chunks, at=arrived, count=count)
             )
-            self.token_times.extend([arrived] * count)
         if choice.get("finish_reason") is not None:
             self.reason = choice["finish_reason"]
         return out
@@ -154,13 +145,10 @@ class ReplyAssembler:
         self.done = True
         # The server's own count (usage block) wins over the client's.
         served = self.usage.get("prompt_tokens") if self.usage else None
-        final = RequestFinished.from_times(
-            self.request_id,
+        final = self.times.finished(
             reason or finish_reason(self.reason),
+            now,
             prompt_tokens=served if isinstance(served, int) else (self.prompt_tokens or 0),
-            submitted_at=self.submitted_at,
-            token_times=self.token_times,
-            now=now,
         )
         timings = server_timings(self.metrics, self.usage)
         return dataclasses.replace(final, server=timings) if timings else final

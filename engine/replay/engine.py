@@ -52,15 +52,13 @@ from engine.events import (
 )
 from engine.features import EngineFeatures, recorded_features
 from engine.listeners import StepListeners
-from engine.relay import relay
+from engine.request_book import Item, LiveRequest, RequestBook, RequestTimes
 from engine.tape.errors import RecordingCutOff, ReplayOnly, ReplayRewound, TapeHasNoSession
 from engine.tape.format import Abandoned, NewChat, RecordedFailure, StartedRequest
 from engine.tape.reader import RecordedRequest, Tape, read_tape
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-Item = EngineEvent | BaseException
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +92,18 @@ SendListener = Callable[[ReplayedSend], None]
 PositionListener = Callable[[ReplayPosition], None]
 
 
-class _Channel:
-    """One recorded request's stream: events wait here until its consumer reads them."""
+@dataclass(eq=False)
+class _Channel(LiveRequest):
+    """One recorded request's stream: events wait here until its consumer reads them. Its
+    times are the recorded ones, not re-based: only durations are made of them."""
 
-    def __init__(self, request: GenerationRequest) -> None:
-        self.request = request
-        self.queue: asyncio.Queue[Item] = asyncio.Queue()
-        self.claimed = False
-        self.done = False  # its end (finished, an error) was handed over
-        self.token_times: list[float] = []
-        self.submitted_at: float | None = None
-        self.prompt_tokens = 0
+    claimed: bool = False
+    prompt_tokens: int = 0  # as accepted (0 until then)
+
+    @classmethod
+    def of(cls, request: GenerationRequest) -> _Channel:
+        # Submitted when the tape says: 0.0 until its RequestAccepted is handed over.
+        return cls(request, RequestTimes(request.request_id, 0.0))
 
 
 class ReplayEngine:
@@ -143,6 +142,7 @@ class ReplayEngine:
         self._step_entries: list[int] = []  # entry index of every StepSample
         self._sends: dict[int, tuple[int, ...]] = {}  # message entry -> its request indices
         self._channels: dict[int, _Channel] = {}  # request index -> its stream
+        self._book: RequestBook[_Channel] = RequestBook()  # open streams, for duplicate IDs
         self._index = 0  # next entry to hand over
         self._position = 0
         self._last_step = 0
@@ -190,10 +190,11 @@ class ReplayEngine:
         """The recorded events of `request`, as the replay reaches them.
 
         Only requests the replay has handed to send listeners can be streamed: a replay
-        takes no new requests (it raises ReplayOnly).
+        takes no new requests (it raises ReplayOnly). A second stream of an ID whose
+        request has not ended raises DuplicateRequestId, as on a live engine.
         """
-        channel = self._claim(request.request_id)
-        async for event in relay(channel.queue):
+        rid = request.request_id
+        async for event in self._book.stream(rid, lambda: self._claim(rid), self.abort):
             yield event
 
     def abort(self, request_id: str) -> None:
@@ -459,7 +460,7 @@ class ReplayEngine:
         for listener in list(self._rewind_listeners):
             listener(target)
         for channel in self._channels.values():
-            channel.queue.put_nowait(ReplayRewound(target))
+            channel.put(ReplayRewound(target))
         self._channels.clear()
         self._index = 0
         self._position = 0
@@ -478,7 +479,7 @@ class ReplayEngine:
         channel = self._channels.get(r_index)
         if channel is None:
             assert self.tape is not None
-            channel = self._channels[r_index] = _Channel(self.tape.requests[r_index].request)
+            channel = self._channels[r_index] = _Channel.of(self.tape.requests[r_index].request)
         return channel
 
     def _play_until(self, stop: int) -> None:
@@ -501,13 +502,14 @@ class ReplayEngine:
             self._steps.emit(dataclasses.replace(value, started_at=value.started_at + shift))
         elif isinstance(value, TokenEvent):
             channel = self._channel(r_index)
-            channel.token_times[value.index :] = [value.time_s] * len(value.token_ids)
-            channel.queue.put_nowait(dataclasses.replace(value, time_s=value.time_s + shift))
+            # Tokens sent again after a preemption take their place anew, as live.
+            channel.times.token_times[value.index :] = [value.time_s] * len(value.token_ids)
+            channel.put(dataclasses.replace(value, time_s=value.time_s + shift))
         elif isinstance(value, RequestAccepted):
             channel = self._channel(r_index)
-            channel.submitted_at, channel.prompt_tokens = value.submitted_at, value.prompt_tokens
-            accepted = dataclasses.replace(value, submitted_at=value.submitted_at + shift)
-            channel.queue.put_nowait(accepted)
+            channel.times.submitted_at = value.submitted_at
+            channel.prompt_tokens = value.prompt_tokens
+            channel.put(dataclasses.replace(value, submitted_at=value.submitted_at + shift))
         elif isinstance(value, RequestFinished):
             self._end(r_index, value)  # durations only: nothing to move
         elif isinstance(value, RecordedFailure):
@@ -516,16 +518,11 @@ class ReplayEngine:
             # Live, the consumer stopped listening here; a replay's consumer still gets
             # an end, the abort the engine made of it.
             channel = self._channel(r_index)
+            times = channel.times
+            times.submitted_at = times.submitted_at or value.time_s  # never accepted
             self._end(
                 r_index,
-                RequestFinished.from_times(
-                    value.request_id,
-                    "abort",
-                    prompt_tokens=channel.prompt_tokens,
-                    submitted_at=channel.submitted_at or value.time_s,
-                    token_times=channel.token_times,
-                    now=value.time_s,
-                ),
+                times.finished("abort", value.time_s, prompt_tokens=channel.prompt_tokens),
             )
         elif isinstance(value, UserMessage):
             indices = self._sends.get(i, ())
@@ -541,9 +538,7 @@ class ReplayEngine:
                 listener()
 
     def _end(self, r_index: int, item: Item) -> None:
-        channel = self._channel(r_index)
-        channel.done = True
-        channel.queue.put_nowait(item)
+        self._channel(r_index).put(item)
 
     def _reached_end(self) -> None:
         """The tape is over: a stream it leaves open (a crash mid-reply) ends, said so."""
@@ -552,10 +547,7 @@ class ReplayEngine:
         self._ended = True
         for channel in self._channels.values():
             if not channel.done:
-                channel.done = True
-                channel.queue.put_nowait(
-                    RecordingCutOff(channel.request.request_id, len(channel.token_times))
-                )
+                channel.put(RecordingCutOff(channel.request_id, channel.times.tokens))
 
     def _send(self, message: UserMessage | None, indices: tuple[int, ...]) -> None:
         tape = self.tape

@@ -271,7 +271,7 @@ def _read_records(path: Path, f: Any, head: dict[str, Any], size: int) -> Tape:
     cards: list[ModelCard] = []
     steps: list[StepSample] = []
     requests: list[_Building] = []
-    live: dict[str, int] = {}  # request ID -> index of its latest stream
+    live: dict[str, list[int]] = {}  # request ID -> indices of its streams, latest last
     messages: list[UserMessage] = []
     pending_message: dict[str, UserMessage] = {}
     new_chats: list[float] = []
@@ -280,11 +280,14 @@ def _read_records(path: Path, f: Any, head: dict[str, Any], size: int) -> Tape:
     end: RecordingEnded | None = None
 
     def stream_of(rid: str, at: float) -> int:
-        index = live.get(rid)
-        if index is None or requests[index].closed:
+        # The latest stream of that ID still open: a duplicate ID is refused at once, and
+        # what follows its refusal belongs to the stream it duplicated.
+        index = next((i for i in reversed(live.get(rid, ())) if not requests[i].closed), None)
+        if index is None:
             # The tape began mid-stream (or the stream() record was lost): still keep it.
             requests.append(_Building(GenerationRequest(rid), at, None))
-            index = live[rid] = len(requests) - 1
+            index = len(requests) - 1
+            live.setdefault(rid, []).append(index)
         return index
 
     number = 1
@@ -312,7 +315,8 @@ def _read_records(path: Path, f: Any, head: dict[str, Any], size: int) -> Tape:
             building = _Building(value.request, value.time_s, value.prompt_ids_len)
             building.message = pending_message.pop(rid, None)
             requests.append(building)
-            index = live[rid] = len(requests) - 1
+            index = len(requests) - 1
+            live.setdefault(rid, []).append(index)
         elif isinstance(value, RequestAccepted | TokenEvent | RequestFinished):
             index = stream_of(value.request_id, _event_time(value))
             requests[index].events.append(value)

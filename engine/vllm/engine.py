@@ -4,9 +4,10 @@ Why one thread: `LLMEngine.step()` is the only place tokens are made, so a threa
 the engine and calls `step()` in a loop sees exact step boundaries and can stamp every
 token with the step that produced it.
 
-Ownership: the step thread alone touches vLLM and the live-request table (`_live`).
-Callers reach it through a command queue: `stream()` enqueues the request and the step
-thread registers it. When the thread ends (a shutdown, or the engine died) it fails every
+Ownership: the step thread alone touches vLLM and the live-request table (the live half of
+`_book`, engine/request_book.py). Callers reach it through a command queue: `stream()`
+claims the request ID in the book's open streams, enqueues the request, and the step thread
+registers it. When the thread ends (a shutdown, or the engine died) it fails every
 live and every still-queued request, under the same lock `stream()` takes to enqueue, so
 no request can slip in behind the last drain and wait forever. Events go back to each
 consumer's asyncio loop in one `call_soon_threadsafe` per step, not one per token.
@@ -26,13 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.anatomy import AnatomyClock
-from engine.errors import (
-    EngineDied,
-    KvscopeError,
-    PromptTooLong,
-    RequestRejected,
-)
+from engine.errors import EngineDied, KvscopeError, PromptTooLong, RequestRejected
 from engine.events import (
     ChatMessage,
     EmulationInfo,
@@ -42,44 +37,38 @@ from engine.events import (
     LoadProgress,
     ModelCard,
     ProgressCallback,
-    RequestAccepted,
-    RequestFinished,
     RequestWork,
     StepListener,
     StepSample,
-    TokenEvent,
     VllmTimings,
 )
 from engine.features import IN_PROCESS, EngineFeatures
 from engine.listeners import StepListeners
+from engine.model_geometry import config_fields, read_attention_geometry
 from engine.paths import engine_log_path
 from engine.prompts import build_synthetic_prompt, chat_prompt_ids
-from engine.relay import relay
+from engine.request_book import (
+    Item,
+    LiveRequest,
+    RequestBook,
+    RequestTimes,
+    check_prompt_length,
+    idle_sample,
+    prompt_fits,
+)
 from engine.sizes import dtype_bytes, kv_bytes_per_token
 from engine.vllm.startup import map_start_error, read_geometry, route_vllm_logs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
-Item = EngineEvent | BaseException
 
-
-@dataclass
-class _Live:
-    request: GenerationRequest
-    prompt_ids: tuple[int, ...]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Item]
-    submitted_at: float  # when the caller called stream(): TTFT counts from here
-    submitted_wall: float  # the same moment on the wall clock, which vLLM's arrival uses
+@dataclass(eq=False)
+class _Live(LiveRequest):
+    submitted_wall: float = 0.0  # stream() called, on the wall clock vLLM's arrival uses
     internal_id: str = ""
     vllm_stats: Any = None  # vLLM's RequestStateStats for this request
     vllm_token_ts: list[float] = field(default_factory=list)
-    anatomy: AnatomyClock | None = None
-    output_tokens: int = 0
-    token_times: list[float] = field(default_factory=list)
-    preemptions: int = 0
-    done: bool = False
 
 
 class _Outbox:
@@ -90,6 +79,8 @@ class _Outbox:
         self._by_loop = defaultdict(list)
 
     def put(self, live: _Live, item: Item) -> None:
+        assert live.loop is not None
+        live.sent(item)
         self._by_loop[live.loop].append((live.queue, item))
 
     def flush(self) -> None:
@@ -136,7 +127,8 @@ class VllmEngine:
         self._gate = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._live: dict[str, _Live] = {}  # by the caller's request ID; step thread only
+        # Open streams from any thread; live requests on the step thread only.
+        self._book: RequestBook[_Live] = RequestBook()
         self._internal: dict[str, str] = {}  # vLLM's internal ID -> caller's ID
         self._outbox = _Outbox()
         self._dead: str | None = None
@@ -148,7 +140,6 @@ class VllmEngine:
         self._filler_ids: list[int] | None = None
         self._introspector: Any = None
         self._stat_logger: Any = None
-        self._idle_sent = True
         self._closed = False
 
     # -- life cycle -------------------------------------------------------------------------
@@ -263,10 +254,8 @@ class VllmEngine:
     def _make_card(self, engine: Any) -> ModelCard:
         cfg = engine.vllm_config
         mc = cfg.model_config
-        hf = mc.hf_text_config
-        layers = int(hf.num_hidden_layers)
-        kv_heads = int(getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads)
-        head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        geo = read_attention_geometry(config_fields(mc.hf_text_config))
+        layers, kv_heads, head_dim = geo.num_layers, geo.num_kv_heads, geo.head_dim
         dtype = str(mc.dtype).replace("torch.", "")
         elem = dtype_bytes(dtype, str(cfg.cache_config.cache_dtype))
         from vllm.platforms import current_platform
@@ -342,9 +331,8 @@ class VllmEngine:
         with self._gate:
             self._dead = cause or "the engine was shut down"
             error = EngineDied(self._dead)
-            for live in self._live.values():
+            for live in self._book.end_all():
                 self._outbox.put(live, error)
-            self._live.clear()
             while True:
                 try:
                     kind, payload = self._commands.get_nowait()
@@ -376,10 +364,7 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        rid = live.request.request_id
-        if rid in self._live:
-            self._outbox.put(live, RequestRejected(rid, f"request ID {rid!r} is already running"))
-            return
+        rid = live.request_id  # no other live request has it: stream() claimed it
         sp = live.request.sampling
         # Anything one request carries may be refused by vLLM: that ends this request
         # alone, never the step loop.
@@ -400,13 +385,12 @@ class VllmEngine:
             return
         live.internal_id = str(internal)
         live.vllm_stats = self._introspector.request_stats(live.internal_id)
-        self._idle_sent = False
-        self._live[rid] = live
+        self._book.add(live)
         self._internal[live.internal_id] = rid
-        self._outbox.put(live, RequestAccepted(rid, len(live.prompt_ids), live.submitted_at))
+        self._outbox.put(live, live.accepted())
 
     def _abort(self, engine: Any, rid: str) -> None:
-        live = self._live.get(rid)
+        live = self._book.get(rid)
         if live is None or live.done:
             return
         engine.abort_request([rid])
@@ -414,24 +398,8 @@ class VllmEngine:
         self._maybe_idle(engine)
 
     def _finish(self, live: _Live, reason: FinishReason, now: float) -> None:
-        live.done = True
-        self._outbox.put(
-            live,
-            RequestFinished.from_times(
-                live.request.request_id,
-                reason,
-                prompt_tokens=len(live.prompt_ids),
-                submitted_at=live.submitted_at,
-                token_times=live.token_times,
-                now=now,
-                preemptions=live.preemptions,
-                vllm=self._vllm_timings(live),
-                anatomy=live.anatomy.result()
-                if live.anatomy is not None and live.token_times
-                else None,
-            ),
-        )
-        self._live.pop(live.request.request_id, None)
+        timings = self._vllm_timings(live)
+        self._outbox.put(live, self._book.finish(live, reason, now, vllm=timings))
         self._internal.pop(live.internal_id, None)
 
     def _one_step(self, engine: Any) -> None:
@@ -451,17 +419,11 @@ class VllmEngine:
         )
         total_tokens = work.prefill_tokens + work.decode_tokens
         own_prefill = {w.request_id: w.prefill_tokens for w in per_request}
-        preempted_set = set(preempted)
-        for pending in self._live.values():
-            clock = pending.anatomy
-            if clock is not None and not pending.token_times:
-                rid = pending.request.request_id
-                clock.step(
-                    started, ended, own_prefill.get(rid, 0), total_tokens, rid in preempted_set
-                )
+        self._book.book_step(started, ended, own_prefill, total_tokens, set(preempted))
         for rid in preempted:
-            if rid in self._live:
-                self._live[rid].preemptions += 1
+            victim = self._book.get(rid)
+            if victim is not None:
+                victim.preemptions += 1
         sample = StepSample(
             step=self._step,
             started_at=started,
@@ -487,28 +449,15 @@ class VllmEngine:
         self._listeners.emit(sample)
         for out in outputs:
             # vLLM 0.32's outputs carry the caller's ID; its scheduler uses an internal one.
-            live = self._live.get(out.request_id)
+            live = self._book.get(out.request_id)
             if live is None or live.done or not out.outputs:
                 continue
             completion = out.outputs[0]
             new_ids = tuple(completion.token_ids)
             if new_ids:
-                prev = live.token_times[-1] if live.token_times else live.submitted_at
-                self._outbox.put(
-                    live,
-                    TokenEvent(
-                        request_id=out.request_id,
-                        index=live.output_tokens,
-                        token_ids=new_ids,
-                        text=completion.text,
-                        step=self._step,
-                        time_s=ended,
-                        latency_s=ended - prev,
-                    ),
-                )
-                live.output_tokens += len(new_ids)
-                # Tokens that arrive together share one time: their ITL after the first is 0.
-                live.token_times.extend([ended] * len(new_ids))
+                # Stamped with the step's end: the moment vLLM made them.
+                token = live.times.token(new_ids, completion.text, step=self._step, at=ended)
+                self._outbox.put(live, token)
                 stats = live.vllm_stats
                 if stats is not None:
                     live.vllm_token_ts.extend([float(stats.last_token_ts)] * len(new_ids))
@@ -522,24 +471,19 @@ class VllmEngine:
         """Once the last request is gone, say so with one sample of the pool as it is."""
         # vLLM may still count a just-finished request until its next step cleans up, but
         # its blocks are already free: kvscope's own table says whether anything is live.
-        if self._idle_sent or self._live:
+        if not self._book.went_idle():
             return
-        self._idle_sent = True
         intro = self._introspector
         self._listeners.emit(
-            StepSample(
+            idle_sample(
                 step=self._step,
-                started_at=time.perf_counter(),
-                duration_s=0.0,
-                prefill_tokens=0,
-                decode_tokens=0,
+                at=time.perf_counter(),
                 running=intro.num_running(),
                 waiting=intro.num_waiting(),
                 kv_usage=intro.usage(),
                 free_blocks=intro.free_blocks(),
                 total_blocks=intro.total_blocks,
                 block_size=intro.block_size,
-                idle=True,
             )
         )
 
@@ -574,21 +518,24 @@ class VllmEngine:
         else:
             ids = self.chat_prompt_ids(request.messages)
         check_prompt_length(len(ids), card.max_model_len)
+        rid = request.request_id
         live = _Live(
-            request, ids, asyncio.get_running_loop(), asyncio.Queue(), submitted_at, submitted_wall
+            request,
+            RequestTimes.stepped(rid, submitted_at),
+            ids,
+            asyncio.get_running_loop(),
+            submitted_wall=submitted_wall,
         )
-        live.anatomy = AnatomyClock(cursor=submitted_at)
-        with self._gate:
-            if self._dead:
-                raise EngineDied(self._dead)
-            self._commands.put(("add", live))
-        try:
-            async for event in relay(live.queue):
-                yield event
-        finally:
-            if not live.done:
-                # The consumer stopped listening: give the blocks back.
-                self.abort(request.request_id)
+
+        def submit() -> _Live:
+            with self._gate:
+                if self._dead:
+                    raise EngineDied(self._dead)
+                self._commands.put(("add", live))
+            return live
+
+        async for event in self._book.stream(rid, submit, self.abort):
+            yield event
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -614,13 +561,6 @@ class VllmEngine:
         return self._introspector
 
 
-def check_prompt_length(prompt_tokens: int, max_model_len: int) -> None:
-    """vLLM's own rule: a prompt needs room for at least one output token, so a prompt of
-    exactly max_model_len tokens is refused, as vLLM's input processor does."""
-    if prompt_tokens >= max_model_len:
-        raise PromptTooLong(prompt_tokens, max_model_len)
-
-
 def refusal(
     rid: str, exc: BaseException, prompt_tokens: int, card: ModelCard | None
 ) -> KvscopeError:
@@ -631,7 +571,7 @@ def refusal(
     said = re.search(r"maximum (?:context|model) length (?:is|of) (\d+)", text)
     if said:
         return PromptTooLong(prompt_tokens, int(said.group(1)))
-    if card is not None and prompt_tokens >= card.max_model_len:
+    if card is not None and not prompt_fits(prompt_tokens, card.max_model_len):
         return PromptTooLong(prompt_tokens, card.max_model_len)
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
     return RequestRejected(rid, first)

@@ -26,6 +26,7 @@ from engine.events import (
     StepSample,
     TokenEvent,
 )
+from engine.request_book import prompt_fits
 from tui import format as fmt
 from tui.conversation import Conversation
 from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
@@ -330,7 +331,7 @@ class MainScreen(Screen[None]):
         copies = controls.concurrency
         card = self.card
         n = controls.prompt_tokens
-        if synthetic and card is not None and n >= card.max_model_len:
+        if synthetic and card is not None and not prompt_fits(n, card.max_model_len):
             # Refused before anything is built: a synthetic prompt of 10^9 tokens would
             # take gigabytes to make only to be refused. vLLM's rule: prompt < M.
             error = PromptTooLong(n, card.max_model_len)
