@@ -246,6 +246,9 @@ class ModelCard:
     unknown: tuple[str, ...] = ()
     # How the engine is spread over devices, e.g. "TP 2 x PP 1 x DP 1 (mp)"; "" for one.
     parallel: str = ""
+    # How its steps relate to its batches, e.g. "async scheduling on: 2 batches in flight";
+    # "" where the engine does not say (a fake, a server, an older tape).
+    scheduling: str = ""
 
     @property
     def kv_pool_tokens(self) -> int:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from remote_server import VllmServer
 
     from engine.features import EngineFeatures
+    from engine.vllm.engine import VllmEngine
 
 FAKE = FakeConfig(max_model_len=4096, block_size=16, total_blocks=512)
 
@@ -228,20 +229,33 @@ def remote_engine(vllm_server: VllmServer) -> Iterator[Engine]:
     params=[
         "fake",
         pytest.param("vllm", marks=pytest.mark.engine),
+        # The same engine on the path CUDA takes by default: batches kept in flight, each
+        # step handing out the previous batch's tokens (see test_vllm_batch_queue.py).
+        pytest.param("vllm-batch-queue", marks=pytest.mark.engine),
         pytest.param("remote", marks=pytest.mark.engine),
         "replay",
     ]
 )
-def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Subject:
+def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
     if request.param == "fake":
         fake = FakeEngine(FAKE)
         fake.start()
-        return LiveSubject(fake)
-    if request.param == "replay":
-        return ReplaySubject(tmp_path)
-    fixture = "vllm_engine" if request.param == "vllm" else "remote_engine"
-    engine: Engine = request.getfixturevalue(fixture)
-    return LiveSubject(engine)
+        yield LiveSubject(fake)
+    elif request.param == "replay":
+        yield ReplaySubject(tmp_path)
+    elif request.param == "vllm-batch-queue":
+        from engine_hooks import set_batch_queue
+
+        vllm: VllmEngine = request.getfixturevalue("vllm_engine")
+        set_batch_queue(vllm, 2)
+        try:
+            yield LiveSubject(vllm)
+        finally:
+            set_batch_queue(vllm, 1)
+    else:
+        fixture = "vllm_engine" if request.param == "vllm" else "remote_engine"
+        engine: Engine = request.getfixturevalue(fixture)
+        yield LiveSubject(engine)
 
 
 def needs_exact_steps(subject: Subject) -> None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from engine_hooks import on_step_thread, set_batch_queue
 
 from engine.events import (
     GenerationRequest,
@@ -31,35 +30,6 @@ if TYPE_CHECKING:
     from engine.vllm.engine import VllmEngine
 
 pytestmark = pytest.mark.engine
-
-
-def on_step_thread(engine: VllmEngine, call: Any) -> None:
-    """Run `call(llm_engine)` on the engine's step thread, between steps, and wait."""
-    done = threading.Event()
-
-    def run(llm_engine: Any) -> None:
-        try:
-            call(llm_engine)
-        finally:
-            done.set()
-
-    engine._commands.put(("call", run))
-    assert done.wait(60), "the step thread did not take the call"
-
-
-def set_batch_queue(engine: VllmEngine, depth: int) -> None:
-    def switch(llm_engine: Any) -> None:
-        core = llm_engine.engine_core.engine_core
-        if depth > 1:
-            core.batch_queue = deque(maxlen=depth)
-            core.batch_queue_size = depth
-            core.step_fn = core.step_with_batch_queue
-        else:
-            core.batch_queue = None
-            core.batch_queue_size = 1
-            core.step_fn = core.step
-
-    on_step_thread(engine, switch)
 
 
 @pytest.fixture

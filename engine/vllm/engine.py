@@ -57,6 +57,7 @@ from engine.request_book import (
     prompt_fits,
 )
 from engine.sizes import dtype_bytes, kv_bytes_per_token
+from engine.vllm.internals import ScheduledWork
 from engine.vllm.startup import map_start_error, read_geometry, route_vllm_logs
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class VllmEngine:
         self._outbox = _Outbox()
         self._dead: str | None = None
         self._step = 0
+        self._last_end = 0.0
         # The callers' own tokenizer: vLLM's is used on the step thread, and a fast
         # tokenizer shared between threads raises "Already borrowed".
         self._tokenizer: Any = None
@@ -168,6 +170,7 @@ class VllmEngine:
         self._stop.clear()
         self._dead = None
         self._step = 0
+        self._last_end = 0.0
 
         def main() -> None:
             try:
@@ -274,6 +277,11 @@ class VllmEngine:
             device=str(current_platform.device_type),
             emulation=self.emulation,
             parallel=_parallel_layout(cfg.parallel_config),
+            scheduling=scheduling_words(
+                self._introspector.async_scheduling,
+                self._introspector.batch_queue_depth,
+                on_cpu=current_platform.is_cpu(),
+            ),
         )
 
     def shutdown(self) -> None:
@@ -403,12 +411,28 @@ class VllmEngine:
         self._internal.pop(live.internal_id, None)
 
     def _one_step(self, engine: Any) -> None:
-        started = time.perf_counter()
+        called = time.perf_counter()
         outputs = engine.step()
         ended = time.perf_counter()
-        self._step += 1
         intro = self._introspector
         work = intro.take_scheduled()
+        if not outputs and (
+            work is None
+            or (work.prefill_tokens + work.decode_tokens == 0 and intro.batch_queue_depth > 1)
+        ):
+            # With batches in flight, a call that only scheduled hands out nothing, and a
+            # batch that found nothing to run (its requests' tokens were still in flight)
+            # did nothing: there is no step to show until a batch's tokens come back.
+            self._maybe_idle(engine)
+            return
+        if work is None:
+            work = ScheduledWork(0, 0, (), scheduled_at=called)
+        self._step += 1
+        # A batch kept in flight ran from when it was scheduled, not from this call: count
+        # it from then, but never from before the last step's end, so steps never overlap.
+        # In lockstep the batch is scheduled inside this call, and this is `called`.
+        started = min(called, max(work.scheduled_at, self._last_end))
+        self._last_end = ended
         preempted = tuple(
             self._internal[i] for i in work.preempted_internal_ids if i in self._internal
         )
@@ -424,6 +448,8 @@ class VllmEngine:
             victim = self._book.get(rid)
             if victim is not None:
                 victim.preemptions += 1
+        # The blocks first: with a batch in flight they say what the counts below leave out.
+        blocks = intro.live_blocks(self._internal)
         sample = StepSample(
             step=self._step,
             started_at=started,
@@ -436,7 +462,7 @@ class VllmEngine:
             free_blocks=intro.free_blocks(),
             total_blocks=intro.total_blocks,
             block_size=intro.block_size,
-            blocks=intro.live_blocks(self._internal),
+            blocks=blocks,
             preemptions=len(preempted),
             preempted_ids=preempted,
             work=per_request,
@@ -575,6 +601,21 @@ def refusal(
         return PromptTooLong(prompt_tokens, card.max_model_len)
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
     return RequestRejected(rid, first)
+
+
+def scheduling_words(async_on: bool, depth: int, *, on_cpu: bool) -> str:
+    """The model card's line on how steps relate to batches (see the README's "On a GPU
+    box"): each step's sample describes the batch whose tokens it hands out, in any mode."""
+    if async_on:
+        return f"async scheduling on: {depth} batches in flight, tokens a step behind"
+    off = (
+        "async scheduling off (the CPU backend turns it off)"
+        if on_cpu
+        else ("async scheduling off")
+    )
+    if depth > 1:
+        return f"{off}; {depth} batches in flight (pipeline parallel)"
+    return off
 
 
 def _parallel_layout(pc: Any) -> str:

@@ -60,6 +60,8 @@ class EngineIntrospector:
         # summaries of the batches whose outputs came back since the last step was read.
         self._in_flight: dict[int, tuple[object, ScheduledWork]] = {}
         self._handed_out: list[ScheduledWork] = []
+        self.blocks_ahead = 0
+        """Blocks the last `live_blocks` left out: held for a batch still in flight."""
         # Per request: (vLLM's block list object, its length, the IDs as a tuple). A step
         # only appends blocks, so most steps reuse the tuple and new blocks are appended;
         # copying every request's whole list each step costs 3 ms at 256 x 256 blocks.
@@ -173,10 +175,15 @@ class EngineIntrospector:
         return int(self.block_pool.num_gpu_blocks) - 1  # minus the null block
 
     def free_blocks(self) -> int:
-        return int(self.block_pool.get_num_free_blocks())
+        """Free blocks as the last step left them: blocks that a batch still in flight
+        took (see `live_blocks`, read first) count as free."""
+        ahead = self.blocks_ahead if self._in_flight else 0
+        return int(self.block_pool.get_num_free_blocks()) + ahead
 
     def usage(self) -> float:
-        return float(self.block_pool.get_usage())
+        if not (self.blocks_ahead and self._in_flight):
+            return float(self.block_pool.get_usage())
+        return 1.0 - self.free_blocks() / max(self.total_blocks, 1)
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -202,16 +209,36 @@ class EngineIntrospector:
         result = []
         known = self._known
         seen = set()
+        ahead = self._tokens_in_flight()
+        size = self.block_size
+        self.blocks_ahead = 0
         for request in self.scheduler.running:
             rid = request.request_id
             seen.add(rid)
             ids = self._ids_of(rid, table, known)
-            result.append(
-                RequestBlocks(external_id.get(rid, rid), ids, int(request.num_computed_tokens))
-            )
+            tokens = int(request.num_computed_tokens)
+            if rid in ahead:
+                # A batch still in flight already counts its tokens and holds their blocks;
+                # the step being shown is the batch before it, so show the request as it was.
+                tokens -= ahead[rid]
+                keep = -(-max(tokens, 0) // size)
+                self.blocks_ahead += max(0, len(ids) - keep)
+                ids = ids[:keep]
+                if tokens <= 0:
+                    continue  # its first batch is the one in flight: it was waiting then
+            result.append(RequestBlocks(external_id.get(rid, rid), ids, tokens))
         for gone in known.keys() - seen:
             del known[gone]
         return tuple(result)
+
+    def _tokens_in_flight(self) -> dict[str, int]:
+        """Tokens each request has in batches scheduled but not handed out (none in
+        lockstep, where a step's batch is handed out before the step ends)."""
+        ahead: dict[str, int] = {}
+        for _out, work in self._in_flight.values():
+            for rid, (p, d) in work.per_request.items():
+                ahead[rid] = ahead.get(rid, 0) + p + d
+        return ahead
 
     def _ids_of(
         self, rid: str, table: Any, known: dict[str, tuple[object, int, tuple[int, ...]]]
