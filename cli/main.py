@@ -27,6 +27,13 @@ usage and the KV block map, plus a prompt-length slider that walks into the wall
 By default it runs SmolLM2-135M-Instruct, prepared offline from a PyPI package, on the
 CPU. Any vLLM engine flag is accepted as is, e.g. --model Qwen/Qwen2.5-7B-Instruct
 --max-model-len 8192 on a GPU box (`kvscope engine-help` lists them all).
+
+kvscope's defaults: on the CPU, --enforce-eager, a 256 MiB KV pool and a 0.5 memory
+fraction. The embedded model on a GPU gets the same 256 MiB pool (not 0.92 of the GPU)
+and a --gpu-memory-utilization of its own size (4 GiB plus the pool), so it starts beside
+a `vllm serve`; --kv-cache-memory-bytes, --num-gpu-blocks-override or
+--gpu-memory-utilization replace them. With --model, a GPU keeps vLLM's defaults.
+`kvscope doctor` says what this box gives.
 """
 
 EXAMPLES = """\
@@ -258,6 +265,13 @@ def _replay(argv: list[str]) -> int:
     from cli.replay import add_replay_parser, run_replay
 
     return run_replay(_parser(add_replay_parser).parse_args(argv))
+
+
+@subcommand("doctor", "what this box gives kvscope (vLLM, GPU, memory, scheduling), what to do")
+def _doctor(argv: list[str]) -> int:
+    from cli.doctor import add_doctor_parser, run_doctor
+
+    return run_doctor(*_parser(add_doctor_parser).parse_known_args(argv))
 
 
 @subcommand("engine-help", "list every vLLM engine flag")

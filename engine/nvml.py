@@ -89,3 +89,41 @@ def gpu_processes() -> list[GpuProcess]:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
     return sorted(found.values(), key=lambda p: (p.gpu, -(p.used_bytes or 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU as NVML sees it: its name and memory, in NVML's own index order."""
+
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+
+    def words(self) -> str:
+        return (
+            f"GPU {self.index} {self.name}: {self.free_bytes / 1024**3:,.1f} of "
+            f"{self.total_bytes / 1024**3:,.1f} GiB free"
+        )
+
+
+def gpu_devices() -> list[GpuDevice]:
+    """Every GPU the driver shows, with its total and free memory; [] without NVML."""
+    nvml = _nvml()
+    if nvml is None:
+        return []
+    found: list[GpuDevice] = []
+    try:
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = nvml.nvmlDeviceGetName(handle)
+            # nvidia-ml-py gives str; releases before 11.5 gave bytes.
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            found.append(GpuDevice(index, name, int(memory.total), int(memory.free)))
+    except Exception:
+        pass  # a partial list is still worth saying
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return found

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
     from remote_server import VllmServer
 
-# Small enough to start fast and to fill; large enough for one 4,096-token request.
-ENGINE_ARGV = ["--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2)]
+# Small enough to start fast and to fill; large enough for one 4,096-token request. The
+# same fixed pool and eager mode on a GPU (kvscope's CPU defaults are no GPU's defaults).
+ENGINE_ARGV = [
+    "--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2), "--enforce-eager",
+]  # fmt: skip
 
 
 def _vllm_loaded() -> bool:

@@ -87,6 +87,14 @@ def server_argv(ports: ServerPorts, *, api_key: str | None = API_KEY) -> list[st
     ]
     if api_key:
         argv += ["--api-key", api_key]
+    from engine.nvml import gpu_devices
+    from engine.vllm.options import embedded_gpu_utilization
+
+    if devices := gpu_devices():
+        # vLLM's start-up check would want 0.92 of a GPU the session's own engine shares;
+        # with a fixed pool the check is all the fraction sets.
+        total = max(d.total_bytes for d in devices)
+        argv += ["--gpu-memory-utilization", str(embedded_gpu_utilization(total, KV_CACHE_BYTES))]
     return argv
 
 

@@ -188,10 +188,12 @@ def test_vllm_internals_are_where_kvscope_expects(vllm_engine: VllmEngine) -> No
     intro = vllm_engine.introspection
     assert vllm_engine.card is not None
     assert intro.total_blocks == vllm_engine.card.total_blocks
-    assert intro.block_size == 128  # the CPU backend's block size
+    bs = vllm_engine.card.block_size  # 128 on the CPU backend, the attention backend's on CUDA
+    assert intro.block_size == bs
     assert 0 <= intro.free_blocks() <= intro.total_blocks
     assert hasattr(intro.scheduler, "requests")
     assert hasattr(intro.scheduler, "running")
     assert callable(intro.kv_manager.get_block_ids)
-    # 128 MiB / (23,040 B/token x 128 tokens/block) = 45 blocks, one of them vLLM's null block.
-    assert intro.total_blocks == math.floor(128 * 1024**2 / (23040 * 128)) - 1
+    # 128 MiB / (23,040 B/token x 128 tokens/block) = 45 blocks on the CPU, one of them
+    # vLLM's null block.
+    assert intro.total_blocks == math.floor(128 * 1024**2 / (23040 * bs)) - 1

@@ -1,4 +1,5 @@
-"""Engine options are vLLM's own flags; kvscope only changes defaults for the CPU.
+"""Engine options are vLLM's own flags; kvscope only changes defaults for the CPU, and for
+the embedded model on a GPU.
 
 Parsing imports vLLM, so callers that only need `--help` for kvscope's own flags never
 come here.
@@ -7,13 +8,14 @@ come here.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, ModelNotFound, UnknownFlag
-from engine.nvml import nvidia_gpu_count
+from engine.nvml import gpu_devices, nvidia_gpu_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -25,6 +27,15 @@ CPU_DEFAULT_KV_BYTES = 256 * MIB
 # On the CPU backend this fraction applies to one NUMA node's memory, and vLLM refuses
 # to start when the node cannot give it (0.92 fails on these 2-core machines).
 CPU_DEFAULT_MEMORY_UTILIZATION = 0.5
+# On a GPU, vLLM's default gives the KV pool 0.92 of the device: for the embedded 135M model
+# that is a pool of millions of tokens (no wall to walk into) and a GPU nobody else can use.
+# It gets the CPU's pool instead, so it meets the same walls on both.
+GPU_EMBEDDED_KV_BYTES = CPU_DEFAULT_KV_BYTES
+# With a fixed pool, --gpu-memory-utilization only sets vLLM's start-up check (free memory
+# at least that share of the device). The embedded model needs its pool plus well under
+# this (weights 0.27 GB, activations, CUDA graphs, the CUDA context), so it starts beside a
+# `vllm serve` that holds the rest of the GPU.
+GPU_EMBEDDED_OVERHEAD_BYTES = 4 * 1024**3
 
 
 @dataclass
@@ -120,7 +131,7 @@ def build_engine_settings(
     prepare: bool = True,
     check: Callable[[argparse.Namespace], None] | None = None,
 ) -> EngineSettings:
-    """Turn vLLM flags into EngineArgs with kvscope's CPU defaults applied.
+    """Turn vLLM flags into EngineArgs with kvscope's CPU (or embedded-on-GPU) defaults.
 
     `progress(stage, fraction)` is told about the embedded model's one-time conversion.
     `check(namespace)` sees the parsed flags first, so a command can refuse its own
@@ -154,6 +165,8 @@ def build_engine_settings(
         # A progress bar on stderr tears the terminal UI and clutters headless output.
         ns.use_tqdm_on_load = False
     on_gpu = gpu_present()
+    if on_gpu and embedded:
+        _embedded_gpu_defaults(ns, given)
     if not on_gpu:
         if "enforce_eager" not in given:
             ns.enforce_eager = True  # torch.compile warm-up costs ~2 min on 2 cores
@@ -163,6 +176,29 @@ def build_engine_settings(
             ns.gpu_memory_utilization = CPU_DEFAULT_MEMORY_UTILIZATION
     engine_args = EngineArgs.from_cli_args(ns)
     return EngineSettings(engine_args, label, embedded, on_gpu)
+
+
+def embedded_gpu_utilization(total_bytes: int, kv_bytes: int) -> float:
+    """The share of a GPU of `total_bytes`, in whole hundredths, that covers the embedded
+    model with a pool of `kv_bytes` (0.04 of an H200, 0.19 of an L4 for 256 MiB)."""
+    need = GPU_EMBEDDED_OVERHEAD_BYTES + kv_bytes
+    return min(max(math.ceil(need / total_bytes * 100) / 100, 0.01), 0.92)
+
+
+def _embedded_gpu_defaults(ns: argparse.Namespace, given: set[str]) -> None:
+    """The embedded model on a GPU: a fixed pool, and a start-up check sized to what it
+    takes. A flag the user gave about the pool's size is theirs: vLLM's defaults then."""
+    pool_flags = {"kv_cache_memory_bytes", "num_gpu_blocks_override", "gpu_memory_utilization"}
+    if not pool_flags & given:
+        ns.kv_cache_memory_bytes = GPU_EMBEDDED_KV_BYTES
+    devices = gpu_devices()
+    # Only a fixed pool leaves the fraction to the check alone; a profiled pool (vLLM's
+    # default, or --num-gpu-blocks-override) is sized from it.
+    if ns.kv_cache_memory_bytes and "gpu_memory_utilization" not in given and devices:
+        # The largest device, so that the check asks no GPU for more than the footprint.
+        ns.gpu_memory_utilization = embedded_gpu_utilization(
+            max(d.total_bytes for d in devices), int(ns.kv_cache_memory_bytes)
+        )
 
 
 def _given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:

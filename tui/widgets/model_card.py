@@ -62,6 +62,9 @@ class ModelCardView(Widget):
         table.add_row(
             "KV / token", f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)"
         )
+        if card.scheduling:
+            # On CUDA, async scheduling puts a step's tokens one batch behind its schedule.
+            table.add_row("scheduling", card.scheduling)
         emu = card.emulation
         if emu is not None:
             # Both geometries side by side: the model that runs here, and the one whose
