@@ -158,9 +158,7 @@ def map_start_error(
     )
     # A missing file is the model only when it is the model's path: a missing compiler
     # header or a library is something else, and "Model not found" would mislead.
-    missing_model = "No such file or directory" in text and (
-        model in text or "config.json" in text
-    )
+    missing_model = "No such file or directory" in text and (model in text or "config.json" in text)
     if missing_model or any(s.lower() in text.lower() for s in not_found):
         return ModelNotFound(model, reason(exc, limit=200))
     return EngineStartFailed(f"{type(exc).__name__}: {reason(exc)}")
