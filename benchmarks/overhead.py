@@ -225,7 +225,7 @@ def _scale(
     """The per-step bookkeeping alone at GPU scale, on constructed scheduler state."""
     from engine.events import StepSample
     from engine.listeners import StepListeners
-    from engine.vllm.internals import EngineIntrospector
+    from engine.vllm.internals import EngineIntrospector, GroupReader
 
     class Req:
         def __init__(self, i: int) -> None:
@@ -256,13 +256,10 @@ def _scale(
         def get_block_ids(self, rid: str) -> tuple[list[int]]:  # vLLM's full-copy path
             return ([b.block_id for b in table[rid]],)
 
-    intro.kv_manager = KvManager()
-    intro._known = {}
-    intro._rebuild_every = 64
-    intro._since_rebuild = 0
+    manager = KvManager()
+    groups = (GroupReader(manager.coordinator.single_type_managers[0], 16),)
+    intro._begin(manager, groups if incremental else ())  # (): vLLM's full-copy path
     external = {r.request_id: r.request_id for r in reqs}
-    if not incremental:
-        intro._req_to_blocks = lambda: None  # type: ignore[method-assign]
     listeners = StepListeners()
     got: list[StepSample] = []
     listeners.add(got.append)

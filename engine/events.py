@@ -228,6 +228,17 @@ class EmulationInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCacheGroup:
+    """One of vLLM's KV cache groups: the layers of one attention type, sharing a block
+    table per request; a hybrid model's groups all draw blocks from one pool."""
+
+    kind: str  # "full attention", "sliding window 4096", "mamba"
+    block_size: int
+    num_layers: int
+    drawn: bool = False  # the group whose block IDs StepSample.blocks hold
+
+
+@dataclass(frozen=True, slots=True)
 class ModelCard:
     name: str
     path: str
@@ -249,10 +260,15 @@ class ModelCard:
     # How its steps relate to its batches, e.g. "async scheduling on: 2 batches in flight";
     # "" where the engine does not say (a fake, a server, an older tape).
     scheduling: str = ""
+    # vLLM's KV cache groups, in its order; () where the engine does not say.
+    kv_groups: tuple[KvCacheGroup, ...] = ()
+    # vLLM's own token capacity where the pool serves several groups (each request holds
+    # blocks in every group, so blocks x block size overstates it); 0: blocks x block size.
+    kv_capacity_tokens: int = 0
 
     @property
     def kv_pool_tokens(self) -> int:
-        return self.total_blocks * self.block_size
+        return self.kv_capacity_tokens or self.total_blocks * self.block_size
 
     def blocks_for(self, num_tokens: int) -> int:
         # A remote card may not know its block size (no /metrics): count tokens then.

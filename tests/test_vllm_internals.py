@@ -17,11 +17,12 @@ async def test_incremental_block_ids_equal_vllms_own_every_step(vllm_engine: Any
         # Listeners run on the step thread, between steps: vLLM's state is stable here.
         intro = engine.introspection
         for rb in sample.blocks:
-            live = engine._live.get(rb.request_id)
+            live = engine._book.get(rb.request_id)
             if live is None:
                 continue
             groups = intro.kv_manager.get_block_ids(live.internal_id)
-            full = tuple(b - 1 for b in (groups[0] if groups else ()) if b > 0)
+            drawn = groups[intro.drawn] if groups else ()
+            full = tuple(b - 1 for b in drawn if b > 0)
             checked[0] += 1
             if full != rb.block_ids:
                 mismatches.append(f"step {sample.step} {rb.request_id}: {rb.block_ids} != {full}")

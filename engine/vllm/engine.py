@@ -274,6 +274,8 @@ class VllmEngine:
             max_model_len=int(mc.max_model_len),
             block_size=self._introspector.block_size,
             total_blocks=self._introspector.total_blocks,
+            kv_groups=self._introspector.kv_groups,
+            kv_capacity_tokens=self._introspector.kv_capacity_tokens,
             device=str(current_platform.device_type),
             emulation=self.emulation,
             parallel=_parallel_layout(cfg.parallel_config),

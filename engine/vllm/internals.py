@@ -7,6 +7,11 @@ tests/test_vllm_engine.py::test_vllm_internals_are_where_kvscope_expects says so
 Block IDs: vLLM's pool reserves physical block 0 as a "null block" that no request ever
 holds. kvscope reports the usable pool as blocks 0..N-1, i.e. vLLM's ID minus one, so a
 block map can draw exactly `total_blocks` cells.
+
+KV cache groups: a hybrid model (sliding window + full attention, Mamba or linear attention
++ full attention) has several groups, one manager and one block table per request each, all
+drawing from one pool. See `GroupReader` for how a group's lists are read and
+`EngineIntrospector.drawn` for the group whose IDs the block map gets.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import RequestBlocks
+from engine.events import KvCacheGroup, RequestBlocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,15 @@ class EngineIntrospector:
         self.block_pool = self.kv_manager.block_pool
         self.vllm_config = llm_engine.vllm_config
         self.output_processor = llm_engine.output_processor
+        self._begin(self.kv_manager, group_readers(self.kv_manager))
+        self._wrap_schedule()
+
+    def _begin(self, kv_manager: Any, groups: tuple[GroupReader, ...]) -> None:
+        """The state the steps keep. `groups` empty: ask vLLM for each request's IDs."""
+        self.kv_manager = kv_manager
+        self.groups = groups
+        self.drawn = drawn_group(groups)
+        """The group whose block IDs `live_blocks` reports, see `drawn_group`."""
         # Batches scheduled and not yet handed out, by the scheduler output's identity (the
         # output object is kept with its summary, so the identity stays unique), and the
         # summaries of the batches whose outputs came back since the last step was read.
@@ -62,13 +76,10 @@ class EngineIntrospector:
         self._handed_out: list[ScheduledWork] = []
         self.blocks_ahead = 0
         """Blocks the last `live_blocks` left out: held for a batch still in flight."""
-        # Per request: (vLLM's block list object, its length, the IDs as a tuple). A step
-        # only appends blocks, so most steps reuse the tuple and new blocks are appended;
-        # copying every request's whole list each step costs 3 ms at 256 x 256 blocks.
-        self._known: dict[str, tuple[object, int, tuple[int, ...]]] = {}
+        # A full re-read now and then, in case a manager that `group_readers` takes for
+        # one that only appends or nulls a head changes the middle of a list.
         self._rebuild_every = 64
         self._since_rebuild = 0
-        self._wrap_schedule()
 
     def _wrap_schedule(self) -> None:
         # The scheduler output says what a batch does (prefill vs decode, preemptions);
@@ -168,7 +179,26 @@ class EngineIntrospector:
 
     @property
     def block_size(self) -> int:
+        """Tokens per block of the drawn group (vLLM's cache block size for one group)."""
+        if self.groups:
+            return self.groups[self.drawn].block_size
         return int(self.vllm_config.cache_config.block_size)
+
+    @property
+    def kv_groups(self) -> tuple[KvCacheGroup, ...]:
+        return tuple(
+            KvCacheGroup(g.kind, g.block_size, g.num_layers, drawn=i == self.drawn)
+            for i, g in enumerate(self.groups)
+        )
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """vLLM's own token capacity of the pool when it has several groups (a request
+        holds blocks in each, so blocks x block size overstates it); 0 for one group,
+        where blocks x block size is the capacity."""
+        if len(self.groups) < 2:
+            return 0
+        return int(self.vllm_config.cache_config.kv_cache_size_tokens or 0)
 
     @property
     def total_blocks(self) -> int:
@@ -191,45 +221,51 @@ class EngineIntrospector:
     def num_waiting(self) -> int:
         return int(self.scheduler.get_request_counts()[1])
 
-    def _req_to_blocks(self) -> Any | None:
-        try:
-            return self.kv_manager.coordinator.single_type_managers[0].req_to_blocks
-        except (AttributeError, IndexError):
-            return None
-
     def live_blocks(self, external_id: dict[str, str]) -> tuple[RequestBlocks, ...]:
-        """Block IDs of every running request, keyed by the caller's request IDs."""
-        table = self._req_to_blocks()
+        """Block IDs of every running request in the drawn group, keyed by the caller's
+        request IDs."""
         self._since_rebuild += 1
         if self._since_rebuild >= self._rebuild_every:
-            # A full re-read now and then, in case vLLM changed a list in place
-            # (a sliding window swaps old blocks for the null block).
-            self._known.clear()
+            for group in self.groups:
+                group.forget()
             self._since_rebuild = 0
+        drawn = self.groups[self.drawn] if self.groups else None
+        if drawn is not None:
+            drawn.new_step()
         result = []
-        known = self._known
         seen = set()
         ahead = self._tokens_in_flight()
-        size = self.block_size
         self.blocks_ahead = 0
         for request in self.scheduler.running:
             rid = request.request_id
             seen.add(rid)
-            ids = self._ids_of(rid, table, known)
+            ids = drawn.ids(rid) if drawn is not None else self._vllm_ids(rid)
             tokens = int(request.num_computed_tokens)
             if rid in ahead:
                 # A batch still in flight already counts its tokens and holds their blocks;
                 # the step being shown is the batch before it, so show the request as it was.
                 tokens -= ahead[rid]
-                keep = -(-max(tokens, 0) // size)
-                self.blocks_ahead += max(0, len(ids) - keep)
-                ids = ids[:keep]
+                ids = self._as_before(rid, ids, max(tokens, 0))
                 if tokens <= 0:
                     continue  # its first batch is the one in flight: it was waiting then
             result.append(RequestBlocks(external_id.get(rid, rid), ids, tokens))
-        for gone in known.keys() - seen:
-            del known[gone]
+        if drawn is not None:
+            drawn.keep_only(seen)
         return tuple(result)
+
+    def _as_before(self, rid: str, ids: tuple[int, ...], tokens: int) -> tuple[int, ...]:
+        """`ids` without the blocks past `tokens` (taken for a batch in flight), which are
+        added to `blocks_ahead`, in every group."""
+        if not self.groups:
+            keep = -(-tokens // self.block_size)
+            self.blocks_ahead += max(0, len(ids) - keep)
+            return ids[:keep]
+        for i, group in enumerate(self.groups):
+            later = group.held_from(rid, -(-tokens // group.block_size))
+            self.blocks_ahead += later
+            if i == self.drawn and later:
+                ids = ids[: len(ids) - later]
+        return ids
 
     def _tokens_in_flight(self) -> dict[str, int]:
         """Tokens each request has in batches scheduled but not handed out (none in
@@ -240,21 +276,164 @@ class EngineIntrospector:
                 ahead[rid] = ahead.get(rid, 0) + p + d
         return ahead
 
-    def _ids_of(
-        self, rid: str, table: Any, known: dict[str, tuple[object, int, tuple[int, ...]]]
-    ) -> tuple[int, ...]:
-        if table is None:
-            groups = self.kv_manager.get_block_ids(rid)
-            return tuple(b - 1 for b in (groups[0] if groups else ()) if b > 0)
-        blocks: Any = table.get(rid) or ()
+    def _vllm_ids(self, rid: str) -> tuple[int, ...]:
+        # vLLM's own copy (no coordinator to read): its first group.
+        groups = self.kv_manager.get_block_ids(rid)
+        return tuple(b - 1 for b in (groups[0] if groups else ()) if b > 0)
+
+
+class GroupReader:
+    """One KV cache group's per-request block lists, read cheaply step after step.
+
+    A step mostly appends blocks, so a read reuses the tuple of a request's IDs from the last
+    read and appends the new ones (copying every request's whole list each step costs 3 ms at
+    256 requests x 256 blocks). How a group's manager may change a list in place decides
+    what a reuse checks first (`in_place`):
+      "none"      full attention only appends until the request ends: nothing to check.
+      "head"      a sliding window or chunked local attention swaps the blocks that left its
+                  window for the null block, from the head: a reuse checks that the first
+                  block kept last time is still in its place (one identity test), and reads
+                  the list again when it is not.
+      "anywhere"  R-SWA nulls a gap in the middle, Mamba its older state blocks: read in
+                  full every step.
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        block_size: int,
+        *,
+        kind: str = "full attention",
+        num_layers: int = 0,
+        in_place: str = "none",
+    ) -> None:
+        self.manager = manager
+        self.block_size = block_size
+        self.kind = kind
+        self.num_layers = num_layers
+        self._table: Any = manager.req_to_blocks
+        self._head = in_place == "head"
+        self._anywhere = in_place == "anywhere"
+        # Per request: (vLLM's list object, its length, the IDs, the position of the first
+        # kept block and that block; -1 and None when nothing is checked or none is kept).
+        self._known: dict[str, tuple[object, int, tuple[int, ...], int, object]] = {}
+
+    def new_step(self) -> None:
+        """Before a step's reads (vLLM's table object, looked up once a step)."""
+        self._table = self.manager.req_to_blocks
+
+    def ids(self, rid: str) -> tuple[int, ...]:
+        """The request's block IDs in this group, vLLM's minus one, null blocks left out."""
+        blocks: Any = self._table.get(rid) or ()
         n = len(blocks)
-        entry = known.get(rid)
+        entry = self._known.get(rid)
         # (`id()` rather than `is`, which would narrow `blocks` to `object` for mypy.)
-        if entry is not None and id(entry[0]) == id(blocks) and entry[1] <= n:
-            if entry[1] == n:
-                return entry[2]
-            ids = entry[2] + tuple(b.block_id - 1 for b in blocks[entry[1] :] if b.block_id > 0)
+        if (
+            entry is not None
+            and id(entry[0]) == id(blocks)
+            and entry[1] <= n
+            and (entry[3] < 0 or blocks[entry[3]] is entry[4])
+        ):
+            old, ids, head, first = entry[1], entry[2], entry[3], entry[4]
+            if old == n:
+                return ids
+            ids += tuple(b.block_id - 1 for b in blocks[old:] if b.block_id > 0)
+            if self._head and head < 0 and ids:
+                head = _first_kept(blocks, old)
+                first = blocks[head]
         else:
             ids = tuple(b.block_id - 1 for b in blocks if b.block_id > 0)
-        known[rid] = (blocks, n, ids)
+            if self._anywhere:
+                return ids
+            head, first = -1, None
+            if self._head and ids:
+                head = _first_kept(blocks, 0)
+                first = blocks[head]
+        self._known[rid] = (blocks, n, ids, head, first)
         return ids
+
+    def held_from(self, rid: str, position: int) -> int:
+        """How many blocks the request holds at list positions from `position` on."""
+        blocks: Any = self.manager.req_to_blocks.get(rid) or ()
+        return sum(1 for b in blocks[position:] if b.block_id > 0)
+
+    def keep_only(self, live: set[str]) -> None:
+        for gone in self._known.keys() - live:
+            del self._known[gone]
+
+    def forget(self) -> None:
+        self._known.clear()
+
+
+def _first_kept(blocks: Any, start: int) -> int:
+    return next(i for i in range(start, len(blocks)) if blocks[i].block_id > 0)
+
+
+def drawn_group(groups: tuple[GroupReader, ...]) -> int:
+    """The group whose IDs the block map draws: the first full-attention group when there
+    is one, since it holds a block for every token of the context (a sliding-window group
+    holds only its window, a Mamba group a state or two), so its blocks follow the request's
+    length as the map and its legend count it; group 0 otherwise. One group: that one."""
+    return next((i for i, g in enumerate(groups) if g.kind in WHOLE_CONTEXT), 0)
+
+
+WHOLE_CONTEXT = frozenset({"full attention", "MLA attention", "sink full attention"})
+"""Group kinds (`group_kind`) that keep a block for every token of a request."""
+
+
+def group_readers(kv_manager: Any) -> tuple[GroupReader, ...]:
+    """A reader for each of vLLM's KV cache groups, in vLLM's group order."""
+    from vllm.v1.core.single_type_kv_cache_manager import (
+        ChunkedLocalAttentionManager,
+        FullAttentionManager,
+        RSWAManager,
+        SlidingWindowManager,
+    )
+
+    try:
+        coordinator = kv_manager.coordinator
+        managers = coordinator.single_type_managers
+        specs = coordinator.kv_cache_config.kv_cache_groups
+    except AttributeError:
+        return ()
+    readers = []
+    for manager, spec in zip(managers, specs, strict=False):
+        in_place = "anywhere"  # a manager not named here: read it in full every step
+        if isinstance(manager, RSWAManager):
+            pass
+        elif isinstance(manager, FullAttentionManager):
+            in_place = "none"
+        elif isinstance(manager, SlidingWindowManager | ChunkedLocalAttentionManager):
+            in_place = "head"
+        readers.append(
+            GroupReader(
+                manager,
+                int(manager.block_size),
+                kind=group_kind(spec.kv_cache_spec),
+                num_layers=len(spec.layer_names),
+                in_place=in_place,
+            )
+        )
+    return tuple(readers)
+
+
+def group_kind(spec: Any) -> str:
+    """A group's attention type in words: "full attention", "sliding window 4096", "mamba"."""
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        KVCacheSpecKind,
+        RSWASpec,
+        SlidingWindowSpec,
+        get_kv_cache_spec_kind,
+    )
+
+    kind = get_kv_cache_spec_kind(spec)
+    if isinstance(spec, RSWASpec):
+        return f"reference sliding window {spec.rswa_window}"
+    if isinstance(spec, SlidingWindowSpec):
+        return f"{kind.value.replace('_', ' ')} {spec.sliding_window}"
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return f"chunked local attention {spec.attention_chunk_size}"
+    if kind is KVCacheSpecKind.MLA_ATTENTION:
+        return "MLA attention"
+    return str(kind.value).replace("_", " ")

@@ -140,7 +140,9 @@ class EnginePanel(Vertical):
     def watch_card(self, card: ModelCard | None) -> None:
         self.telemetry.host.check_load = card is not None and card.device == "cpu"
         if card is not None and self.telemetry.latest is None:
-            self.query_one(KvBlockMap).show_empty_pool(card.total_blocks, card.block_size)
+            self.query_one(KvBlockMap).show_empty_pool(
+                card.total_blocks, card.block_size, card.kv_groups
+            )
 
     def watch_log_latency(self) -> None:
         self.invalidate()
@@ -154,7 +156,8 @@ class EnginePanel(Vertical):
         self.invalidate()
         self._sync_state()
         if self.card is not None and self.telemetry.latest is None:
-            self.block_map.show_empty_pool(self.card.total_blocks, self.card.block_size)
+            card = self.card
+            self.block_map.show_empty_pool(card.total_blocks, card.block_size, card.kv_groups)
 
     def _sync_state(self) -> None:
         if not self.is_mounted:

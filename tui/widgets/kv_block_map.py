@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from rich.style import Style
 
-    from engine.events import RequestBlocks, StepSample
+    from engine.events import KvCacheGroup, RequestBlocks, StepSample
 
 REQUEST_COLOURS = 8
 LEGEND_REQUESTS = 8
@@ -30,6 +30,14 @@ FREE = "·"
 USED = "█"
 # Shades for a cell that stands for several blocks, by the share of them in use.
 SHADES = ("░", "▒", "▓")
+
+
+def drawn_group_note(groups: tuple[KvCacheGroup, ...]) -> str:
+    """The legend's line naming the KV cache group drawn; "" for a model with one."""
+    if len(groups) < 2:
+        return ""
+    index, group = next(((i, g) for i, g in enumerate(groups) if g.drawn), (0, groups[0]))
+    return f"blocks of group {index + 1}/{len(groups)}: {group.kind}, {group.num_layers} layers"
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class KvBlockMap(Widget):
         super().__init__(name=name, id=id, classes=classes)
         self.total_blocks = 0
         self.block_size = 0
+        self.group_note = ""  # which KV cache group is drawn, when the model has several
         self.requests: tuple[RequestBlocks, ...] = ()
         self._owners: list[str | None] = []
         # What the owners were drawn from, kept so a step costs what it changed: at GPU
@@ -128,10 +137,13 @@ class KvBlockMap(Widget):
         self._strips: list[Strip] = []
 
     # -- data ------------------------------------------------------------------------------
-    def show_empty_pool(self, total_blocks: int, block_size: int) -> None:
-        """An idle engine's pool, before any step has run."""
+    def show_empty_pool(
+        self, total_blocks: int, block_size: int, groups: tuple[KvCacheGroup, ...] = ()
+    ) -> None:
+        """An idle engine's pool, before any step has run; `groups` are the card's."""
         self.total_blocks = total_blocks
         self.block_size = block_size
+        self.group_note = drawn_group_note(groups)
         self.requests = ()
         self._rebuild((), total_blocks)
         self._version += 1
@@ -289,6 +301,8 @@ class KvBlockMap(Widget):
             entries.append((f"1 char = {per_cell} blocks", "kv-block-map--legend"))
         elif self.block_size:
             entries.append((f"1 char = 1 block of {self.block_size} tok", "kv-block-map--legend"))
+        if self.group_note:
+            entries.append((self.group_note, "kv-block-map--legend"))
         return entries
 
     @staticmethod
