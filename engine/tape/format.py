@@ -561,7 +561,7 @@ class Encoder:
         if kind == "card":
             # A new engine (a restart): nothing of the old one's state carries over.
             self._track = _Tracker()
-            return _CARD.record({"at": at, "card": dataclasses.asdict(value)})
+            return _CARD.record({"at": at, "card": card_object(value)})
         if kind == "chat":
             return _CHAT.record({"at": at})
         reason, detail = value
@@ -609,6 +609,21 @@ class Encoder:
 
 
 # -- decoding ----------------------------------------------------------------------------------
+
+
+# Card fields added after format 1's first tapes: written only when they say something, so
+# a card without them (every tape before them, any engine that does not tell) is written
+# exactly as before, and a tape read and written again is the same bytes.
+_LATER_CARD_FIELDS: dict[str, object] = {"scheduling": "", "kv_groups": (), "kv_capacity_tokens": 0}
+
+
+def card_object(card: ModelCard) -> dict[str, Any]:
+    """The model card as the tape's JSON object."""
+    data = dataclasses.asdict(card)
+    for name, empty in _LATER_CARD_FIELDS.items():
+        if data.get(name) == empty:
+            del data[name]
+    return data
 
 
 def decode_card(data: Any) -> ModelCard:
