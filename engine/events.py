@@ -211,6 +211,37 @@ class StepSample:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """One request's prompt tokens in a step that is still running: chunk `chunk` of about
+    `chunks` (the rest counted at the step's token budget)."""
+
+    request_id: str
+    tokens: int
+    chunk: int
+    chunks: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted:
+    """A step the engine has scheduled and is running now, sent before the model runs.
+
+    A long prefill is one step of many seconds; without this a view would show the last
+    finished step (often "idle") for all of it. Its StepSample follows when it ends.
+    """
+
+    step: int
+    started_at: float
+    prefill_tokens: int
+    decode_tokens: int
+    chunks: tuple[PrefillChunk, ...]
+    decoding: int  # requests making one output token each in this step
+    blocks: tuple[RequestBlocks, ...]  # what the scheduled requests hold for this step
+    free_blocks: int
+    total_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class EmulationInfo:
     """Set when the KV pool is sized as a given model would get on a given GPU."""
 
@@ -285,6 +316,7 @@ class LoadProgress:
 
 ProgressCallback = Callable[[LoadProgress], None]
 StepListener = Callable[[StepSample], None]
+StepStartListener = Callable[[StepStarted], None]
 
 
 # -- a remote vLLM server (engine/remote/) ----------------------------------------------------

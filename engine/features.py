@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         PrefixCacheView,
         RemoteCapabilities,
         ScrapeListener,
+        StepStartListener,
         UserMessage,
     )
     from engine.replay.engine import ReplayEngine
@@ -40,6 +41,15 @@ class RemoteView(Protocol):
 
     def new_session(self, session_id: str | None = None) -> str:
         """Start a new chat session: the blocks it caches from now on are coloured by it."""
+        ...
+
+
+class StepStarts(Protocol):
+    """An engine that says when a step begins, not only when it ends."""
+
+    def add_step_start_listener(self, listener: StepStartListener) -> Callable[[], None]:
+        """Call `listener` with a StepStarted before each step's model run (from the
+        engine's own thread); returns a function that removes it."""
         ...
 
 
@@ -78,6 +88,8 @@ class EngineFeatures:
     tape: SessionTape | None = None
     replay: ReplayEngine | None = None
     """The tape being played, for the screen that plays it."""
+    step_starts: StepStarts | None = None
+    """Each step announced as it begins (a server's scrapes and a tape have no such moment)."""
 
     def with_tape(self, tape: SessionTape) -> EngineFeatures:
         return replace(self, tape=tape)

@@ -29,6 +29,10 @@ class Listeners(Generic[T]):
 
         return remove
 
+    def __bool__(self) -> bool:
+        """Whether anyone listens: an engine can skip building what nobody reads."""
+        return bool(self._listeners)
+
     def emit(self, value: T) -> None:
         # A broken listener must not stop the engine that calls it.
         for listener in list(self._listeners):

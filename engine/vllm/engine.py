@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import EngineDied, KvscopeError, PromptTooLong, RequestRejected
@@ -40,10 +40,12 @@ from engine.events import (
     RequestWork,
     StepListener,
     StepSample,
+    StepStarted,
+    StepStartListener,
     VllmTimings,
 )
 from engine.features import IN_PROCESS, EngineFeatures
-from engine.listeners import StepListeners
+from engine.listeners import Listeners, StepListeners
 from engine.model_geometry import config_fields, read_attention_geometry
 from engine.paths import engine_log_path
 from engine.prompts import build_synthetic_prompt, chat_prompt_ids
@@ -123,6 +125,8 @@ class VllmEngine:
         self.log_path = log_path or engine_log_path()
         self._card: ModelCard | None = None
         self._listeners = StepListeners()
+        self._start_listeners: Listeners[StepStarted] = Listeners()
+        self._features = replace(IN_PROCESS, step_starts=self)
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         # Held while enqueueing a request and while the step thread declares itself gone.
         self._gate = threading.Lock()
@@ -151,7 +155,7 @@ class VllmEngine:
 
     @property
     def features(self) -> EngineFeatures:
-        return IN_PROCESS
+        return self._features
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Load the model and start the step thread; blocks until ready or failed."""
@@ -239,6 +243,7 @@ class VllmEngine:
             ) from exc
         report(LoadProgress("reading the KV pool", 0.9))
         self._introspector = EngineIntrospector(engine)
+        self._introspector.on_scheduled = self._step_began
         self._tokenizer = _own_tokenizer(engine)
         self._filler_ids = None
         self._card = self._make_card(engine)
@@ -495,6 +500,15 @@ class VllmEngine:
         self._outbox.flush()
         self._maybe_idle(engine)
 
+    def _step_began(self, work: ScheduledWork) -> None:
+        # On the step thread, inside vLLM's step(), between scheduling and the model run.
+        if not self._start_listeners or not (work.prefill_tokens + work.decode_tokens):
+            return
+        intro = self._introspector
+        # The batch's step number: the steps still to hand out before it, then it.
+        step = self._step + max(1, intro.batches_in_flight)
+        self._start_listeners.emit(intro.started(work, self._internal, step))
+
     def _maybe_idle(self, engine: Any) -> None:
         """Once the last request is gone, say so with one sample of the pool as it is."""
         # vLLM may still count a just-finished request until its next step cleans up, but
@@ -532,6 +546,9 @@ class VllmEngine:
     # -- the protocol --------------------------------------------------------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         return self._listeners.add(listener)
+
+    def add_step_start_listener(self, listener: StepStartListener) -> Callable[[], None]:
+        return self._start_listeners.add(listener)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         submitted_at = time.perf_counter()  # the caller's clock: queueing here counts

@@ -16,11 +16,15 @@ drawing from one pool. See `GroupReader` for how a group's lists are read and
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.events import KvCacheGroup, RequestBlocks
+from engine.events import KvCacheGroup, PrefillChunk, RequestBlocks, StepStarted
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,10 @@ class EngineIntrospector:
         # one that only appends or nulls a head changes the middle of a list.
         self._rebuild_every = 64
         self._since_rebuild = 0
+        self.on_scheduled: Callable[[ScheduledWork], None] | None = None
+        """Called on the step thread with each batch as the scheduler makes it, before the
+        model runs it (in lockstep, inside the `step()` that then runs it)."""
+        self._chunks_done: dict[str, int] = {}  # prefill chunks each request has had
 
     def _wrap_schedule(self) -> None:
         # The scheduler output says what a batch does (prefill vs decode, preemptions);
@@ -95,7 +103,10 @@ class EngineIntrospector:
             at = time.perf_counter()
             out = schedule(*args, **kwargs)
             try:
-                self._in_flight[id(out)] = (out, self._summarize(out, at))
+                work = self._summarize(out, at)
+                self._in_flight[id(out)] = (out, work)
+                if self.on_scheduled is not None:
+                    self.on_scheduled(work)
             except Exception:  # never let bookkeeping break the engine
                 self._in_flight.pop(id(out), None)
             return out
@@ -136,6 +147,59 @@ class EngineIntrospector:
         preempted = tuple(sorted(out.preempted_req_ids or ()))
         waiting = tuple(str(r.request_id) for r in self.scheduler.waiting)
         return ScheduledWork(prefill, decode, preempted, per_request, waiting, scheduled_at)
+
+    def started(self, work: ScheduledWork, external_id: dict[str, str], step: int) -> StepStarted:
+        """The batch the scheduler just made, as a step that is running: its prompt chunks
+        (chunk k of about n, the rest at the step's token budget), and the blocks its
+        requests hold for it, read right after the scheduler gave them."""
+        budget = max(1, int(self.vllm_config.scheduler_config.max_num_batched_tokens))
+        requests = self.scheduler.requests
+        for gone in [r for r in self._chunks_done if r not in requests]:
+            del self._chunks_done[gone]
+        chunks = []
+        decoding_now = 0
+        for rid, (p, d) in work.per_request.items():
+            if d:
+                decoding_now += 1
+                self._chunks_done.pop(rid, None)
+            if not p:
+                continue
+            request = requests.get(rid)
+            after = int(request.num_computed_tokens) if request is not None else p
+            total = int(request.num_tokens) if request is not None else p
+            k = 1 if after - p <= 0 else self._chunks_done.get(rid, 0) + 1
+            self._chunks_done[rid] = k
+            left = max(0, total - after)
+            chunks.append(
+                PrefillChunk(external_id.get(rid, rid), p, k, k + math.ceil(left / budget), total)
+            )
+        drawn = self.groups[self.drawn] if self.groups else None
+        if drawn is not None:
+            drawn.new_step()
+        blocks = []
+        for rid in work.per_request:
+            request = requests.get(rid)
+            if request is None:
+                continue
+            ids = drawn.ids(rid) if drawn is not None else self._vllm_ids(rid)
+            blocks.append(
+                RequestBlocks(external_id.get(rid, rid), ids, int(request.num_computed_tokens))
+            )
+        return StepStarted(
+            step=step,
+            started_at=work.scheduled_at,
+            prefill_tokens=work.prefill_tokens,
+            decode_tokens=work.decode_tokens,
+            chunks=tuple(chunks),
+            decoding=decoding_now,
+            blocks=tuple(blocks),
+            free_blocks=int(self.block_pool.get_num_free_blocks()),
+            total_blocks=self.total_blocks,
+        )
+
+    @property
+    def batches_in_flight(self) -> int:
+        return len(self._in_flight)
 
     def take_scheduled(self) -> ScheduledWork | None:
         """The batch whose tokens the last `step()` handed out; None when it handed out
