@@ -26,6 +26,7 @@ def request_record(done: RequestFinished) -> dict[str, Any]:
         "itl_s": list(done.itl_s),
         "e2e_s": done.e2e_s,
         "preemptions": done.preemptions,
+        "cached_prompt_tokens": done.cached_prompt_tokens,
     }
     if done.anatomy is not None:
         out["ttft_breakdown"] = {

@@ -91,6 +91,9 @@ class RequestFinished:
     vllm: VllmTimings | None = None
     # Where the TTFT went, step by step (in-process engines only).
     anatomy: TtftAnatomy | None = None
+    # Prompt tokens found in the engine's prefix cache, so not computed again (vLLM's
+    # `num_cached_tokens`, a server's `cached_tokens`); None when the engine does not say.
+    cached_prompt_tokens: int | None = None
 
     @classmethod
     def from_times(

@@ -37,3 +37,35 @@ def set_batch_queue(engine: VllmEngine, depth: int) -> None:
             core.step_fn = core.step
 
     on_step_thread(engine, switch)
+
+
+class PoolHeld:
+    """Most of the session engine's KV pool taken out of use, so that a test can fill the
+    rest with a few short requests (a preemption costs seconds, not a 5,600-token prefill).
+
+    The blocks are taken from vLLM's own free list on the step thread and given back on
+    exit; the scheduler sees only `keep_free` free blocks meanwhile.
+    """
+
+    def __init__(self, engine: VllmEngine, keep_free: int) -> None:
+        self.engine = engine
+        self.keep_free = keep_free
+        self._blocks: list[Any] = []
+
+    def __enter__(self) -> PoolHeld:
+        def take(llm_engine: Any) -> None:
+            pool = llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+            spare = pool.get_num_free_blocks() - self.keep_free
+            assert spare >= 0, "the pool is already smaller than asked"
+            self._blocks = pool.get_new_blocks(spare)
+
+        on_step_thread(self.engine, take)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        def give_back(llm_engine: Any) -> None:
+            pool = llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+            pool.free_blocks(self._blocks)
+            self._blocks = []
+
+        on_step_thread(self.engine, give_back)

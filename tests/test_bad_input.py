@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from cli_helpers import KVSCOPE, READY, one_line
@@ -636,7 +636,7 @@ def test_start_errors_resolve_the_numbers_vllm_leaves_out(ready_model: Path) -> 
     from engine.vllm.startup import map_start_error
 
     def mapped(exc: BaseException, **given: int | None) -> object:
-        kw: dict[str, int | None] = {
+        kw: dict[str, Any] = {
             "max_model_len": None,
             "kv_bytes_per_token": None,
             "block_size": None,

@@ -89,3 +89,29 @@ def test_a_chunked_prefill_counts_its_chunks() -> None:
     request.num_computed_tokens = 2048
     again = intro.started(ScheduledWork(2048, 0, (), {"i": (2048, 0)}), {"i": "r7"}, step=9)
     assert (again.chunks[0].chunk, again.chunks[0].chunks) == (1, 3)
+
+
+async def test_a_prompt_that_repeats_a_cached_prefix_says_how_much_was_cached(
+    vllm_engine: VllmEngine,
+) -> None:
+    from engine.events import RequestFinished
+
+    card = vllm_engine.card
+    assert card is not None
+    # Two whole blocks of shared prefix, then a different tail: vLLM caches whole blocks.
+    prefix = vllm_engine.synthetic_prompt(2 * card.block_size + 8, seed=777)
+    finished: list[RequestFinished] = []
+    for i, tail in enumerate(((11, 12, 13), (21, 22, 23))):
+        async for event in vllm_engine.stream(
+            GenerationRequest(
+                f"cached-{i}",
+                prompt_token_ids=prefix + tail,
+                sampling=SamplingSettings(max_tokens=1, ignore_eos=True),
+            )
+        ):
+            if isinstance(event, RequestFinished):
+                finished.append(event)
+    first, second = finished
+    assert not first.cached_prompt_tokens
+    assert second.cached_prompt_tokens is not None
+    assert 2 * card.block_size <= second.cached_prompt_tokens < second.prompt_tokens

@@ -13,12 +13,14 @@ import statistics
 from typing import TYPE_CHECKING
 
 import pytest
+from engine_hooks import PoolHeld
 from subprocess_report import run_and_report
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
+    from engine.vllm.engine import VllmEngine
 
 ITL_TOLERANCE_S = 0.5e-3
 # A second, short-lived engine whose step budget chunks a 2,048-token prompt into four.
@@ -74,7 +76,7 @@ async def test_concurrent_requests_agree_with_vllm(vllm_engine: Engine) -> None:
 async def test_a_request_sent_during_a_long_prefill_counts_its_wait(vllm_engine: Engine) -> None:
     """The short request waits in kvscope's queue while the long prefill's step runs: that
     wait is part of what its caller sees, so it is part of its TTFT."""
-    long_task = asyncio.create_task(_run(vllm_engine, "truth-long", 3000, 2, seed=320))
+    long_task = asyncio.create_task(_run(vllm_engine, "truth-long", 1024, 2, seed=320))
     await asyncio.sleep(0.2)  # the long request is queued, taken, and its prefill runs
     assert not long_task.done()
     short = await _run(vllm_engine, "truth-short", 64, 8, seed=321)
@@ -146,7 +148,7 @@ async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine)
     try:
         decoder = asyncio.create_task(_run(vllm_engine, "spike-decoder", 64, 40, seed=350))
         await asyncio.sleep(0.3)
-        long = await _run(vllm_engine, "spike-long", 2048, 2, seed=351)
+        long = await _run(vllm_engine, "spike-long", 768, 2, seed=351)
         dec = await decoder
     finally:
         remove()
@@ -172,7 +174,7 @@ async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine)
 
 
 async def test_preemption_is_seen_and_its_recompute_counts_as_prefill(
-    vllm_engine: Engine,
+    vllm_engine: VllmEngine,
 ) -> None:
     """More copies than the pool holds: vLLM preempts one, and when it comes back its
     recompute of prompt *and* earlier output is prefill work in the step samples."""
@@ -180,11 +182,14 @@ async def test_preemption_is_seen_and_its_recompute_counts_as_prefill(
     assert card is not None
     samples: list[StepSample] = []
     remove = vllm_engine.add_step_listener(samples.append)
-    # Each copy ends at 1,400 + 200 tokens: 13 blocks of 128; 6 of them need 78 of 44.
+    # Four free blocks; three copies of 3/4 of a block that each end at 1.5 blocks: 6 blocks
+    # wanted of 4, so one is evicted once they outgrow their first block.
+    quarter = card.block_size // 4
     try:
-        results = await asyncio.gather(
-            *(_run(vllm_engine, f"pre-{i}", 1400, 200, seed=360 + i) for i in range(6))
-        )
+        with PoolHeld(vllm_engine, keep_free=4):
+            results = await asyncio.gather(
+                *(_run(vllm_engine, f"pre-{i}", 3 * quarter, 3 * quarter, seed=360 + i) for i in range(3))
+            )
     finally:
         remove()
     assert sum(r.preemptions for r in results) > 0

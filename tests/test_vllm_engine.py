@@ -42,8 +42,9 @@ async def _ttft(engine: Engine, n: int, seed: int) -> float:
 async def test_ttft_grows_with_the_prompt(vllm_engine: Engine) -> None:
     await _ttft(vllm_engine, 64, seed=100)  # warm-up: the first request of an engine is slow
     short = min([await _ttft(vllm_engine, 64, seed=s) for s in (101, 102)])
-    long = min([await _ttft(vllm_engine, 2048, seed=s) for s in (103, 104)])
-    # Prefill of 32x the tokens: measured about 10-40x here; 3x leaves room for noise.
+    # One long run is enough: noise only makes it longer, which the check allows.
+    long = await _ttft(vllm_engine, 1024, seed=103)
+    # Prefill of 16x the tokens: measured 8-20x on 2-core CPUs; 3x leaves room for noise.
     assert long > 3 * short, (short, long)
 
 

@@ -60,7 +60,12 @@ from engine.request_book import (
 )
 from engine.sizes import dtype_bytes, kv_bytes_per_token
 from engine.vllm.internals import ScheduledWork
-from engine.vllm.startup import map_start_error, read_geometry, route_vllm_logs
+from engine.vllm.startup import (
+    keep_workers_logging,
+    map_start_error,
+    read_geometry,
+    route_vllm_logs,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -72,6 +77,7 @@ class _Live(LiveRequest):
     internal_id: str = ""
     vllm_stats: Any = None  # vLLM's RequestStateStats for this request
     vllm_token_ts: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None  # vLLM's prefix-cache hit for its prompt
 
 
 class _Outbox:
@@ -204,7 +210,7 @@ class VllmEngine:
         # Must be set before vLLM reads its environment: the engine core then lives in
         # this process, where the scheduler and block pool can be read.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        route_vllm_logs(self.log_path)
+        route = route_vllm_logs(self.log_path)
         self._check_stop()
         report(LoadProgress("importing vLLM", 0.05))
         from vllm.engine.arg_utils import EngineArgs  # noqa: F401  (import cost shows here)
@@ -222,6 +228,7 @@ class VllmEngine:
             self.engine_args = settings.engine_args
             self.model_label = settings.model_label
         args = self.engine_args
+        keep_workers_logging(args, route)
         geometry: dict[str, int] = {}
         try:
             self._check_stop()
@@ -240,6 +247,7 @@ class VllmEngine:
                 kv_bytes_per_token=geometry.get("kv_bytes_per_token"),
                 block_size=geometry.get("block_size") or args.block_size,
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                log_path=route.path,
             ) from exc
         report(LoadProgress("reading the KV pool", 0.9))
         self._introspector = EngineIntrospector(engine)
@@ -414,7 +422,10 @@ class VllmEngine:
 
     def _finish(self, live: _Live, reason: FinishReason, now: float) -> None:
         timings = self._vllm_timings(live)
-        self._outbox.put(live, self._book.finish(live, reason, now, vllm=timings))
+        done = self._book.finish(live, reason, now, vllm=timings)
+        if live.cached_tokens is not None:
+            done = replace(done, cached_prompt_tokens=live.cached_tokens)
+        self._outbox.put(live, done)
         self._internal.pop(live.internal_id, None)
 
     def _one_step(self, engine: Any) -> None:
@@ -486,6 +497,8 @@ class VllmEngine:
             if live is None or live.done or not out.outputs:
                 continue
             completion = out.outputs[0]
+            if out.num_cached_tokens is not None:
+                live.cached_tokens = int(out.num_cached_tokens)
             new_ids = tuple(completion.token_ids)
             if new_ids:
                 # Stamped with the step's end: the moment vLLM made them.

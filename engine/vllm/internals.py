@@ -38,6 +38,15 @@ class ScheduledWork:
     scheduled_at: float = 0.0  # perf_counter when the scheduler made this batch
 
 
+def configured_here(logging_config: Any) -> None:
+    """Tell vLLM that this process already logs as `logging_config` says, so that engine
+    start-up (`configure_logging_if_needed`) does not apply it here again; the worker
+    processes it is handed to still apply it."""
+    import vllm.logger
+
+    vllm.logger._last_configured_logging_config = logging_config
+
+
 def decoding(request: Any, computed_before: int) -> bool:
     """Whether a scheduled request is making its next output token, not (re)computing its
     prompt. With async scheduling, tokens in flight are placeholders that the request's

@@ -7,15 +7,17 @@ import logging
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import BadOption, EngineStartFailed, KvPoolTooSmall, KvscopeError, ModelNotFound
 from engine.model_geometry import config_fields, read_attention_geometry
 from engine.nvml import gpu_processes
+from engine.paths import UnsafeFolder, open_fallback_log, open_private_log
 from engine.sizes import GIB
 from engine.vllm.gpu_start_errors import map_gpu_start_error
+from engine.vllm.worker_logs import WORKER_FAILED, worker_failure, worker_logging
 
 LOG = logging.getLogger("vllm")
 
@@ -37,8 +39,7 @@ class LogRoute:
 
 
 def _open_log(path: Path) -> logging.Handler:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return logging.FileHandler(path)
+    return logging.StreamHandler(open_private_log(path))  # 0600 in a 0700 folder
 
 
 def route_vllm_logs(path: str | os.PathLike[str]) -> LogRoute:
@@ -60,20 +61,39 @@ def route_vllm_logs(path: str | os.PathLike[str]) -> LogRoute:
         route = LogRoute(wanted, wanted)
     except OSError as exc:
         problem = exc.strerror or type(exc).__name__
-        fallback = Path(tempfile.gettempdir()) / f"kvscope-{os.getuid()}" / "engine.log"
         try:
-            fallback.parent.mkdir(mode=0o700, exist_ok=True)
-            handler = _open_log(fallback)
+            fallback, stream = open_fallback_log()  # only a private folder of this user's
+            handler = logging.StreamHandler(stream)
             route = LogRoute(wanted, fallback, problem)
-        except OSError:
+        except OSError as refused:
             handler = logging.NullHandler()
-            route = LogRoute(wanted, None, problem)
+            why = f"; {refused.strerror}" if isinstance(refused, UnsafeFolder) else ""
+            route = LogRoute(wanted, None, problem + why)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler._kvscope = route  # type: ignore[attr-defined]
     LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
     LOG.propagate = False
     return route
+
+
+def keep_workers_logging(args: Any, route: LogRoute) -> None:
+    """vLLM's worker processes (tensor, pipeline parallel) log into kvscope's engine log,
+    not onto the terminal under the UI, unless the user configured vLLM's logging."""
+    if args.logging_config is not None or getattr(args, "log_config_file", None):
+        return
+    handler = next((h for h in LOG.handlers if getattr(h, "_kvscope", None) is route), None)
+    where = worker_logging(handler or logging.NullHandler(), route.path)
+    if where is None:
+        return
+    from vllm.config.logging import LoggingConfig
+
+    from engine.vllm.internals import configured_here
+
+    config = LoggingConfig(configure_logging=True, pylogging_config_file=str(where))
+    args.logging_config = config
+    # kvscope's own process logs through its handler already: only the workers apply it.
+    configured_here(config)
 
 
 def map_start_error(
@@ -84,6 +104,7 @@ def map_start_error(
     kv_bytes_per_token: int | None,
     block_size: int | None,
     kv_cache_memory_bytes: int | None,
+    log_path: Path | None = None,
 ) -> KvscopeError:
     """Turn what vLLM raised at start-up into one of kvscope's typed errors.
 
@@ -94,9 +115,17 @@ def map_start_error(
         return exc
     LOG.error("kvscope: the engine failed to start", exc_info=exc)
     text = f"{type(exc).__name__}: {exc}"
-    on_gpu = map_gpu_start_error(text, gpu_processes)
+    worker = worker_failure(log_path) if WORKER_FAILED in text else None
+    on_gpu = map_gpu_start_error(worker or text, gpu_processes)
     if on_gpu is not None:
         return on_gpu
+    if WORKER_FAILED in text:
+        kept = f"; the whole trace is in {log_path}" if log_path else ""
+        return EngineStartFailed(
+            f"a vLLM worker process failed to start: {worker}{kept}"
+            if worker
+            else f"a vLLM worker process failed to start, and said why only on its own stderr{kept}"
+        )
     m = re.search(
         r"max seq len \((\d+)\).*?([\d.]+) GiB KV cache is needed.*?available KV cache "
         r"memory \(([\d.]+) GiB\)",
