@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         StepStartListener,
         UserMessage,
     )
+    from engine.memory_budget import MemoryBudget
     from engine.replay.engine import ReplayEngine
 
 
@@ -89,6 +90,8 @@ class EngineFeatures:
     replay: ReplayEngine | None = None
     """The tape being played, for the screen that plays it."""
     step_starts: StepStarts | None = None
+    memory: MemoryBudget | None = None
+    """Where the engine's memory went at start-up, by vLLM's own accounting."""
     """Each step announced as it begins (a server's scrapes and a tape have no such moment)."""
 
     def with_tape(self, tape: SessionTape) -> EngineFeatures:

@@ -255,6 +255,12 @@ class VllmEngine:
         self._tokenizer = _own_tokenizer(engine)
         self._filler_ids = None
         self._card = self._make_card(engine)
+        try:
+            memory = self._introspector.memory_budget()
+        except Exception:  # an accounting vLLM moved must not stop the engine
+            logging.getLogger("vllm").exception("kvscope: no memory budget")
+            memory = None
+        self._features = replace(IN_PROCESS, step_starts=self, memory=memory)
         return engine
 
     def _check_stop(self) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.events import KvCacheGroup, PrefillChunk, RequestBlocks, StepStarted
+from engine.memory_budget import MemoryBudget
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -204,6 +205,38 @@ class EngineIntrospector:
             blocks=tuple(blocks),
             free_blocks=int(self.block_pool.get_num_free_blocks()),
             total_blocks=self.total_blocks,
+        )
+
+    def memory_budget(self) -> MemoryBudget | None:
+        """The driver worker's memory at start-up, as vLLM accounted it; None when the
+        workers run in processes of their own (their figures stay there)."""
+        executor = self.core.model_executor
+        wrapper = getattr(executor, "driver_worker", None)
+        worker = getattr(wrapper, "worker", None)
+        runner = getattr(worker, "model_runner", None)
+        if worker is None or runner is None:
+            return None
+        weights = getattr(runner, "model_memory_usage", None)
+        if not weights:
+            model = runner.get_model()
+            weights = sum(t.numel() * t.element_size() for t in model.parameters())
+            weights += sum(t.numel() * t.element_size() for t in model.buffers())
+        kv_config = self.scheduler.kv_cache_config
+        pool = sum(int(t.size) for t in kv_config.kv_cache_tensors)
+        snapshot = getattr(worker, "init_snapshot", None)
+        requested = getattr(worker, "requested_memory", None)
+        activations = getattr(worker, "peak_activation_memory", None)
+        parallel = self.vllm_config.parallel_config
+        rank = int(getattr(worker, "local_rank", 0))
+        return MemoryBudget(
+            device=f"GPU {rank}" if snapshot is not None else "this machine's RAM",
+            total_bytes=int(snapshot.total_memory) if snapshot is not None else None,
+            requested_bytes=int(requested) if snapshot is not None and requested else None,
+            weights_bytes=int(weights),
+            activations_bytes=int(activations) if activations is not None else None,
+            kv_pool_bytes=pool,
+            kv_pool_tokens=self.kv_capacity_tokens or self.total_blocks * self.block_size,
+            per_rank=int(parallel.world_size) > 1,
         )
 
     @property
