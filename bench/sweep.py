@@ -57,21 +57,28 @@ def floors_for_card(card: Any, output_len: int) -> FloorFn | None:
 
 
 _ids = itertools.count()
+"""Request IDs, unique within the process: a tape of two sweeps never repeats one."""
 
 
-def _make_request(engine: Engine, prompt_len: int, output_len: int) -> GenerationRequest:
-    seed = next(_ids)
-    # A new seed per request: no two prompts share a prefix, so prefix caching cannot
-    # make a prefill look cheaper than it is.
+def _make_request(
+    engine: Engine, prompt_len: int, output_len: int, seed: int, n: int
+) -> GenerationRequest:
+    # The run's seed and the request's place in the run: every invocation draws fresh
+    # prompts (a server's prefix cache cannot serve a second run from the first one's
+    # blocks), `--seed` repeats them, and no two prompts of a run share a prefix.
     return GenerationRequest(
-        f"bench-{prompt_len}-{seed}",
-        prompt_token_ids=engine.synthetic_prompt(prompt_len, seed=1_000_003 * seed + prompt_len),
+        f"bench-{prompt_len}-{next(_ids)}",
+        prompt_token_ids=engine.synthetic_prompt(
+            prompt_len, seed=(seed * 1_000_003 + prompt_len) * 1_000_033 + n
+        ),
         sampling=SamplingSettings(max_tokens=output_len, ignore_eos=True),
     )
 
 
-async def _one_request(engine: Engine, prompt_len: int, output_len: int) -> RequestFinished:
-    return await _send(engine, _make_request(engine, prompt_len, output_len))
+async def _one_request(
+    engine: Engine, prompt_len: int, output_len: int, seed: int, n: int
+) -> RequestFinished:
+    return await _send(engine, _make_request(engine, prompt_len, output_len, seed, n))
 
 
 async def _send_together(
@@ -169,8 +176,9 @@ async def run_sweep(
     if card is not None:
         # vLLM refuses a prompt of max_model_len tokens: one token short of it is the most.
         warm_len = min(warm_len, card.max_model_len - 1)
+    made = itertools.count()
     for _ in range(config.warmup):
-        await _one_request(engine, warm_len, min(config.output_len, 8))
+        await _one_request(engine, warm_len, min(config.output_len, 8), config.seed, next(made))
         tick()
     for index, prompt_len in enumerate(config.prompt_lens):
         finished: list[RequestFinished] = []
@@ -181,7 +189,7 @@ async def run_sweep(
                 check_prompt_length(prompt_len, card.max_model_len)
             for _ in range(config.runs):
                 batch = [
-                    _make_request(engine, prompt_len, config.output_len)
+                    _make_request(engine, prompt_len, config.output_len, config.seed, next(made))
                     for _ in range(config.concurrency)
                 ]
                 start = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import secrets
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -43,6 +44,11 @@ CSV_FIELDS = (
 )
 
 
+def fresh_seed() -> int:
+    """A prompt seed of its own for each run: two runs draw different prompts."""
+    return secrets.randbelow(2**31)
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     prompt_lens: tuple[int, ...] = (512, 1024, 2048, 4096)
@@ -50,6 +56,8 @@ class SweepConfig:
     runs: int = 3
     warmup: int = 1
     concurrency: int = 1
+    seed: int = field(default_factory=fresh_seed)
+    """What the synthetic prompts are drawn from; the same seed draws the same prompts."""
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Flags that cannot work at all; a length past the context wall is not one of
@@ -176,6 +184,8 @@ class SweepResult:
             runs=whole("runs"),
             warmup=whole("warmup"),
             concurrency=whole("concurrency"),
+            # A file from before the seed was kept has none: 0 stands in for it.
+            seed=_whole(cfg.get("seed", 0), f'{in_cfg} has "seed"'),
         )
         points = []
         for n, p in enumerate(required_key(data, "points", where, list), 1):

@@ -1,13 +1,16 @@
-"""`kvscope bench`: the article's prompt-length sweep, headless, with roofline overlay."""
+"""`kvscope bench`: the article's prompt-length sweep, headless, with roofline overlay; or,
+with a list of concurrencies or request rates, load (cli/load_bench.py)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from bench.load_result import LoadResult
 from bench.sweep_result import SweepConfig, SweepResult
 from cli.measure import check_output_len, measure
 from cli.result_files import result_files, say_problems
@@ -16,9 +19,13 @@ from cli.sweep_table import render_summary
 from engine.errors import BadOption
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from cli.result_files import ResultFile
+    from engine.protocol import Engine
 
 EXIT_SOME_FAILED = 3
+DEFAULT_LENS = "512,1024,2048,4096"
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
@@ -36,7 +43,11 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
             "examples:\n"
             "  kvscope bench\n"
             "  kvscope bench --prompt-lens 128,2048 --output-len 16 --runs 1 --json out.json\n"
-            "  kvscope bench --model Qwen/Qwen2.5-7B-Instruct --hardware l4   (on an L4)\n\n"
+            "  kvscope bench --model Qwen/Qwen2.5-7B-Instruct --hardware l4   (on an L4)\n"
+            "  kvscope bench --concurrency 1,2,4,8 --prompt-lens 512 --output-len 64\n"
+            "  kvscope bench --request-rate 1,2,4 --duration 30 --arrival gamma --burstiness 0.5\n"
+            "  kvscope bench --find-max --goodput ttft:2000 tpot:100\n"
+            "  kvscope bench --fake --concurrency 1,2,4 --prompt-lens 64 --output-len 16\n\n"
             "exit status: 0 when every length was measured, 3 when some failed (they are\n"
             "reported as failed points), 1 or 2 on errors before the sweep."
         ),
@@ -44,9 +55,8 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prompt-lens",
-        default="512,1024,2048,4096",
         metavar="N,N,...",
-        help="prompt lengths in tokens (512,1024,2048,4096)",
+        help="prompt lengths in tokens (512,1024,2048,4096; under load, one length: 512)",
     )
     p.add_argument(
         "--output-len", default="128", metavar="N", help="output tokens per request (128)"
@@ -56,7 +66,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--warmup", default="1", metavar="N", help="warm-up requests before the sweep (1)"
     )
     p.add_argument(
-        "--concurrency", default="1", metavar="N", help="requests sent at once in each run (1)"
+        "--concurrency",
+        metavar="N[,N...]",
+        help="requests sent at once in each run (1); a list (1,2,4,8) measures load: "
+        "that many users, each sending its next request when its last one ends",
     )
     p.add_argument(
         "--json",
@@ -78,6 +91,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     add_attach_args(p)
     add_record_arg(p)
     p.add_argument(
+        "--fake", action="store_true", help="the built-in scripted engine (no vLLM; for trying)"
+    )
+    from cli.load_bench import add_load_args
+
+    add_load_args(p)
+    p.add_argument(
         "--compare",
         nargs=2,
         metavar=("FLAGS_A", "FLAGS_B"),
@@ -91,47 +110,58 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    from bench.load_runner import MAX_CONCURRENCY
+
+    concurrency = parse_int_option(args.concurrency or "1", "--concurrency", 1)
+    if concurrency > MAX_CONCURRENCY:
+        raise BadOption(
+            "--concurrency", f"{concurrency:,} is past the limit of {MAX_CONCURRENCY:,}"
+        )
     config = SweepConfig(
-        prompt_lens=tuple(parse_int_list(args.prompt_lens, "--prompt-lens")),
+        prompt_lens=tuple(
+            parse_int_list(
+                DEFAULT_LENS if args.prompt_lens is None else args.prompt_lens, "--prompt-lens"
+            )
+        ),
         output_len=parse_int_option(args.output_len, "--output-len", 1),
         runs=parse_int_option(args.runs, "--runs", 1),
         warmup=parse_int_option(args.warmup, "--warmup", 0),
-        concurrency=parse_int_option(args.concurrency, "--concurrency", 1),
+        concurrency=concurrency,
+        **({} if args.seed is None else {"seed": parse_int_option(args.seed, "--seed", 0)}),
     )
     config.validate()
     return config
 
 
 def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
-    from cli.engine_choice import started_engine
     from cli.launch import int_flag, say
-    from engine.vllm.options import gpu_present
+    from cli.load_bench import wants_load
 
+    if wants_load(args):
+        return run_load_bench(args, engine_argv)
+    if args.arrival or args.burstiness:
+        which = "--arrival" if args.arrival else "--burstiness"
+        raise BadOption(which, "it shapes an open loop's arrivals: give --request-rate")
     config = config_from_args(args)  # bad flags stop here, before a minute of engine start
     check_output_len(config, int_flag(engine_argv, "--max-model-len"))
     files = result_files(args)
     for f in files:
         f.check()
     if args.compare:
-        if args.url:
-            raise BadOption("--compare", "it restarts the engine with each config: not with --url")
+        if args.url or args.fake:
+            which = "--url" if args.url else "--fake"
+            raise BadOption(
+                "--compare", f"it restarts the engine with each config: not with {which}"
+            )
         from cli.compare import report_compare, run_compare
 
         return report_compare(run_compare(args, config, engine_argv), args, args.json_path)
     result = SweepResult(config, complete=False)
     try:
-        with started_engine(
-            args,
-            engine_argv,
-            check=lambda flags: check_output_len(config, flags.max_model_len),
-            tape=args.tape,
+        with bench_engine(
+            args, engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
         ) as engine:
-            hardware = None if args.no_roofline else args.hardware
-            if engine.features.remote is not None:
-                hardware = args.hardware  # this machine's CPU says nothing about the server's
-            elif not args.no_roofline and hardware is None and not gpu_present():
-                hardware = "cpu"
-            measure(engine, config, result, files, hardware=hardware)
+            measure(engine, config, result, files, hardware=roofline_hardware(args, engine))
     except KeyboardInterrupt:
         # Stopped half-way: what was measured is already in the files; show it too.
         if result.points:
@@ -149,6 +179,8 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
 def report(result: SweepResult, files: list[ResultFile]) -> int:
     """The table on stdout, whatever happened to the files; then what went wrong."""
     render_summary(result, Console(file=sys.stdout, width=120))
+    seed = result.config.seed
+    print(f"Prompts were drawn from seed {seed}: --seed {seed} repeats them.")
     say_problems(files)
     failed = [p for p in result.points if not p.ok]
     if failed:
@@ -159,3 +191,86 @@ def report(result: SweepResult, files: list[ResultFile]) -> int:
         )
         return EXIT_SOME_FAILED
     return 0
+
+
+@contextlib.contextmanager
+def bench_engine(
+    args: argparse.Namespace,
+    engine_argv: list[str],
+    *,
+    check: Callable[[argparse.Namespace], None] | None,
+) -> Iterator[Engine]:
+    """The engine the flags ask for, started, taped with --tape, always stopped after."""
+    from cli.engine_choice import started_engine
+
+    if not args.fake:
+        with started_engine(args, engine_argv, check=check, tape=args.tape) as engine:
+            yield engine
+        return
+    from cli.replay import open_recorder, recorded
+    from engine.clock import RealClock
+    from engine.fake import FakeEngine
+
+    if engine_argv:
+        raise BadOption(engine_argv[0], "vLLM engine flags do not apply to the --fake engine")
+    if args.url:
+        raise BadOption("--fake", "give --fake or --url, not both")
+    recorder = open_recorder(args.tape) if args.tape else None
+    fake = FakeEngine(clock=RealClock())
+    fake.start()
+    try:
+        with recorded(fake, recorder) as engine:
+            yield engine
+    finally:
+        fake.shutdown()
+
+
+def roofline_hardware(args: argparse.Namespace, engine: Engine) -> str | None:
+    """The profile the floors come from: the asked one; this CPU for an in-process engine
+    without a GPU; none for a server unless asked (this CPU says nothing about it)."""
+    from engine.vllm.options import gpu_present
+
+    if engine.features.remote is not None:
+        return str(args.hardware) if args.hardware else None
+    if args.no_roofline or args.fake:
+        return None
+    if args.hardware is None and not gpu_present():
+        return "cpu"
+    return str(args.hardware) if args.hardware else None
+
+
+def run_load_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
+    from cli.launch import int_flag, say
+    from cli.load_bench import (
+        check_load_output_len,
+        load_config_from_args,
+        load_files,
+        measure_load,
+        report_load,
+    )
+
+    if args.compare:
+        raise BadOption("--compare", "it compares prompt-length sweeps, not load runs")
+    config = load_config_from_args(args)  # every bad flag stops here, before any engine
+    check_load_output_len(config, int_flag(engine_argv, "--max-model-len"))
+    files = load_files(args)
+    for f in files:
+        f.check()
+    result = LoadResult(config, complete=False)
+    try:
+        with bench_engine(
+            args,
+            engine_argv,
+            check=lambda flags: check_load_output_len(config, flags.max_model_len),
+        ) as engine:
+            measure_load(engine, config, result, files, hardware=roofline_hardware(args, engine))
+    except KeyboardInterrupt:
+        if result.points:
+            report_load(result, files)
+            kept = " and ".join(str(f.written_to) for f in files if f.written_to)
+            say(
+                f"the load stopped after {len(result.points)} point(s)"
+                + (f"; they are in {kept}" if kept else "")
+            )
+        raise
+    return report_load(result, files)

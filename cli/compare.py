@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +19,16 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import BadOption, KvscopeError
+from engine.paths import write_private
 
 if TYPE_CHECKING:
     import argparse
 
     from bench.sweep_result import SweepConfig, SweepResult
+
+# A config that could not run, the other's results kept: the code `bench` exits with when
+# some of its lengths failed (cli.bench imports this module, so it is not imported here).
+EXIT_CONFIG_FAILED = 3
 
 # (field, header): the figures the ratio table compares.
 COMPARED = (
@@ -45,10 +51,22 @@ def parse_configs(pair: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+@dataclass
+class Comparison:
+    """What was measured of each config, and why a config after the first has no result."""
+
+    results: dict[str, SweepResult]
+    config: SweepConfig
+    failed: dict[str, str] = field(default_factory=dict)  # label -> what stopped it
+
+
 def run_compare(
     args: argparse.Namespace, config: SweepConfig, engine_argv: list[str]
-) -> dict[str, SweepResult]:
-    """Measure each config on a fresh engine; a bad flag names the config it came from."""
+) -> Comparison:
+    """Measure each config on a fresh engine; a bad flag names the config it came from.
+
+    A config that fails at engine start after A was measured (B's pool too small, say)
+    does not throw A's sweep away: it is named in `failed`, and A is reported alone."""
     from bench.sweep_result import SweepResult
     from cli.engine_choice import started_engine
     from cli.measure import check_output_len, measure
@@ -62,7 +80,7 @@ def run_compare(
             build_engine_settings([*engine_argv, *flags], prepare=False)
         except KvscopeError as exc:
             raise BadOption(f"--compare config {label} ({' '.join(flags)})", exc.plain()) from exc
-    results: dict[str, SweepResult] = {}
+    out = Comparison({}, config)
     for label, flags in configs:
         argv = [*engine_argv, *flags]
         print(f"kvscope: config {label}: {' '.join(flags) or '(defaults)'}", file=sys.stderr)
@@ -73,9 +91,14 @@ def run_compare(
             ) as engine:
                 measure(engine, config, result, [], hardware=None)
         except KvscopeError as exc:
-            raise BadOption(f"--compare config {label} ({' '.join(flags)})", exc.plain()) from exc
-        results[label] = result
-    return results
+            if not out.results:
+                raise BadOption(
+                    f"--compare config {label} ({' '.join(flags)})", exc.plain()
+                ) from exc
+            out.failed[label] = exc.plain().rstrip(".")
+            continue
+        out.results[label] = result
+    return out
 
 
 def ratio_table(results: dict[str, SweepResult], console: Console) -> None:
@@ -120,23 +143,38 @@ def overlay_charts(results: dict[str, SweepResult], flags: list[str], width: int
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
 
 
-def report_compare(
-    results: dict[str, SweepResult], args: argparse.Namespace, json_path: str | None
-) -> int:
+def report_compare(done: Comparison, args: argparse.Namespace, json_path: str | None) -> int:
+    """Both tables and the ratios; with a config that failed, what the other measured,
+    on stdout and in the JSON, and one line naming the failure (exit 3, as a sweep
+    with failed lengths)."""
+    from bench.sweep_result import SweepResult
+    from cli.launch import say
     from cli.sweep_table import render_summary
 
+    results = done.results
     console = Console(file=sys.stdout, width=120)
     for label, text in zip(("A", "B"), args.compare, strict=True):
         console.print(f"[bold]config {label}[/]: {text or '(defaults)'}")
-        render_summary(results[label], console)
-    ratio_table(results, console)
-    console.file.write(overlay_charts(results, list(args.compare)) + "\n")
+        if label in results:
+            render_summary(results[label], console)
+        else:
+            console.print(f"  not measured: {done.failed[label]}", markup=False)
+    if len(results) == 2:
+        ratio_table(results, console)
+        console.file.write(overlay_charts(results, list(args.compare)) + "\n")
     if json_path:
-        data: dict[str, Any] = {
-            "compare": {
-                label: {"flags": text, **results[label].to_dict()}
-                for label, text in zip(("A", "B"), args.compare, strict=True)
-            }
-        }
-        Path(json_path).write_text(json.dumps(data, indent=2))
-    return 0
+        configs: dict[str, Any] = {}
+        for label, text in zip(("A", "B"), args.compare, strict=True):
+            result = results.get(label) or SweepResult(done.config, complete=False)
+            configs[label] = {"flags": text, **result.to_dict()}
+            if label in done.failed:
+                configs[label]["error"] = done.failed[label]
+        write_private(Path(json_path), json.dumps({"compare": configs}, indent=2))
+    for label, why in done.failed.items():
+        kept = f"; config A's results are above{f' and in {json_path}' if json_path else ''}"
+        say(f"config {label} ({_flags_of(args, label)}) could not run: {why}{kept}")
+    return EXIT_CONFIG_FAILED if done.failed else 0
+
+
+def _flags_of(args: argparse.Namespace, label: str) -> str:
+    return str(args.compare["AB".index(label)]) or "(defaults)"

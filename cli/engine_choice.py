@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cli.attach import make_remote, remote_engine
+from cli.attach import attached_engine, check_replicas, make_remote, with_fleet
 from cli.launch import STOP, route_logs, running_engine, stop_engine
 from cli.replay import open_recorder, recorded, session_tape
 
@@ -67,15 +67,19 @@ def _in_process(args: argparse.Namespace, engine_argv: list[str]) -> Engine:
 
     emulation = None
     if args.emulate_gpu:
-        from engine.vllm.options import gpu_present
+        from engine.nvml import gpu_devices
         from roofline.emulation import plan_emulation
 
+        # On a GPU the emulated pool lives in the GPU's memory, not the host's, and takes
+        # CUDA's block size: size it from the device that will hold it.
+        devices = gpu_devices()
         plan = plan_emulation(
             args.emulate_gpu,
             args.emulate_model,
             engine_argv,
             scale=args.emulate_scale,
-            on_gpu=gpu_present(),
+            on_gpu=bool(devices),
+            memory_bytes=devices[0].total_bytes if devices else None,
         )
         engine_argv, emulation = plan.engine_argv, plan.info
     return VllmEngine(argv=engine_argv, emulation=emulation)
@@ -85,7 +89,12 @@ KINDS: tuple[EngineKind, ...] = (
     # Nothing to stop but the app, which Ctrl-C ends at once.
     EngineKind("fake", lambda a: a.fake, _fake, outlives_app=False),
     # A client of a running server: no vLLM, torch or GPU needed here.
-    EngineKind("server", lambda a: bool(a.url), make_remote, lambda a, v, _: remote_engine(a, v)),
+    EngineKind(
+        "server",
+        lambda a: bool(a.url),
+        lambda a, v: with_fleet(a, make_remote(a, v)),
+        lambda a, v, _: attached_engine(a, v),
+    ),
     EngineKind("vllm", lambda _: True, _in_process, lambda _, v, c: running_engine(v, check=c)),
 )
 
@@ -103,6 +112,7 @@ def playground_engine(
     The tape is opened once the engine is made, so that a session refused on its flags
     leaves no file; after the block the engine is stopped, then the tape closed.
     """
+    check_replicas(args)
     kind = next(k for k in KINDS if k.asked(args))
     engine = kind.for_playground(args, engine_argv)
     tapes = session_tape(args, resumed, record_by_default=record_by_default)
@@ -129,6 +139,7 @@ def started_engine(
 ) -> Iterator[Engine]:
     """A headless command's engine, started with progress on stderr, taped to `tape` when
     one is given, and always stopped after the block (the tape closed before it)."""
+    check_replicas(args)
     recorder = open_recorder(tape) if tape else None  # said before any engine
     start = next(k.started for k in KINDS if k.started is not None and k.asked(args))
     with start(args, engine_argv, check) as inner, recorded(inner, recorder) as engine:

@@ -30,6 +30,7 @@ from engine.events import (
     TokenEvent,
 )
 from engine.stats import percentile
+from engine.visible_text import visible
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
@@ -218,7 +219,8 @@ async def generate_once(
             if isinstance(event, TokenEvent):
                 text.append(event.text)
                 if echo:
-                    sys.stdout.write(event.text)
+                    # The server's text, shown: its escape codes must not drive the terminal.
+                    sys.stdout.write(visible(event.text))
                     sys.stdout.flush()
             elif isinstance(event, RequestFinished):
                 finished = event
@@ -270,4 +272,8 @@ def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
         result = asyncio.run(generate_once(engine, request, echo=not args.json))
         # Printed before the engine stops: shutting down can take a moment.
         print_result(result, args.json)
+        remote = engine.features.remote
+        caps = remote.capabilities if remote is not None else None
+        if caps is not None and caps.metrics and caps.metrics_note:
+            say(caps.metrics_note)  # metrics flowed, but some samples were bad and dropped
     return 0

@@ -133,7 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.errors import KvscopeError
 
     args_in = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdin is None:
+        # Started with stdin closed (`<&-`): reading it reads nothing, in every command
+        # (`--prompt-file -` then says stdin holds no text), and the playground says so.
+        from cli.terminal import stdin_was_closed
+
+        stdin_was_closed()
     command = COMMANDS.get(args_in[0]) if args_in else None
+    if command is None and args_in and not args_in[0].startswith("-"):
+        # The playground takes flags only: a word first is a command, or a typo of one.
+        say(unknown_command(args_in[0]))
+        return 2
     stops = command.stops if command else "the engine"  # the playground's engine
     if stops:
         STOP.what = stops
@@ -163,6 +173,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if stops:
             STOP.uninstall()
+
+
+def unknown_command(word: str) -> str:
+    """One line for `kvscope foo`: what the commands are, and the closest one."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (
+        f"Unknown command: {word!r}{hint}. The commands are {', '.join(COMMANDS)}; with "
+        "no command (only flags) kvscope opens the playground: kvscope --help."
+    )
 
 
 def _unexpected(exc: Exception) -> str:
@@ -305,6 +327,14 @@ def _playground(rest: list[str]) -> int:
     by_default = not (args.fake or args.screenshot)
     opened = playground_engine(args, engine_argv, resumed, record_by_default=by_default)
     with opened as (engine, tapes):
+        if not args.screenshot:
+            from cli.terminal import NoTerminal, require_terminal
+
+            try:
+                require_terminal("The playground")
+            except NoTerminal:
+                tapes.discard()  # a session that never began: no tape of it
+                raise
         return run_tui(engine, script=tapes.script(script), screenshot=args.screenshot)
 
 

@@ -151,7 +151,10 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("tape", metavar="TAPE", help="the tape: a .jsonl file a session recorded")
+    # Any number of words, so that none or two are said in kvscope's words, not argparse's.
+    p.add_argument(
+        "tape", metavar="TAPE", nargs="*", help="the tape: a .jsonl file a session recorded"
+    )
     p.add_argument(
         "--speed", type=float, default=1.0, metavar="X", help="playing speed, 1 = as recorded (1)"
     )
@@ -205,9 +208,10 @@ def run_replay(args: argparse.Namespace) -> int:
     size = parse_size(args.size)
     if args.svg:
         check_svg_path(args.svg)
-    tape = load_tape(args.tape)
+    tape = load_tape(one_tape(args.tape))
     if args.json:
-        json.dump(tape_json(tape), sys.stdout, indent=2)
+        # Strict JSON (no NaN or Infinity, which JSON does not have): unknown is null.
+        json.dump(finite(tape_json(tape)), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
         return 0
     if tape.card is None:
@@ -221,9 +225,46 @@ def run_replay(args: argparse.Namespace) -> int:
     return play(tape, speed=args.speed, paused=args.paused)
 
 
+class NotOneTape(KvscopeError):
+    """`kvscope replay` with no TAPE, or with more than one."""
+
+    def __init__(self, given: list[str]) -> None:
+        super().__init__(given)
+        self.given = given
+
+    def plain(self) -> str:
+        if not self.given:
+            return (
+                "replay needs the tape to play: `kvscope replay TAPE` (the tapes of "
+                f"past sessions are in {tapes_dir()})"
+            )
+        names = ", ".join(self.given)
+        return f"replay plays one tape at a time, but was given {len(self.given):,}: {names}"
+
+
+def one_tape(given: list[str]) -> str:
+    if len(given) != 1:
+        raise NotOneTape(given)
+    return given[0]
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float made None, for strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def play(tape: Tape, *, speed: float, paused: bool) -> int:
+    from cli.terminal import require_terminal
     from engine.replay import ReplayEngine
     from tui.app import run_tui
+
+    require_terminal("kvscope replay (without --json or --svg)")
 
     engine = ReplayEngine(tape, speed=speed, paused=paused)
     engine.start()
@@ -385,10 +426,11 @@ def newest_tapes() -> list[Path]:
 
 
 class NothingToResume(KvscopeError):
-    def __init__(self, folder: Path, looked: int) -> None:
+    def __init__(self, folder: Path, looked: int, unread: list[TapeError] | None = None) -> None:
         super().__init__(str(folder), looked)
         self.folder = folder
         self.looked = looked
+        self.unread = unread or []  # the tapes among them that could not be read
 
     def plain(self) -> str:
         if not self.looked:
@@ -396,9 +438,13 @@ class NothingToResume(KvscopeError):
                 f"No tape to resume: {self.folder} holds none (every session is recorded "
                 "there unless --no-tape is given). Name one: --resume TAPE."
             )
+        damaged = ""
+        if self.unread:
+            first = self.unread[0].plain().rstrip(".")
+            damaged = f" ({len(self.unread):,} could not be read; the newest: {first})"
         return (
             f"No tape to resume: none of the newest {self.looked:,} tapes in {self.folder} "
-            "holds a chat. Name one: --resume TAPE."
+            f"holds a chat{damaged}. Name one: --resume TAPE."
         )
 
 
@@ -415,14 +461,16 @@ def resume_tape(which: str) -> Tape:
             raise TapeHasNoSession(tape.path)
         return tape
     candidates = newest_tapes()[:RESUME_LOOK_BACK]
+    unread: list[TapeError] = []
     for path in candidates:
         try:
             tape = load_tape(path)
-        except TapeError:
-            continue  # an empty or damaged tape (a crash at start-up): an older one may do
+        except TapeError as exc:
+            unread.append(exc)  # empty or damaged (a crash at start-up): an older may do
+            continue
         if tape.last_chat() or tape.chat_history():
             return tape
-    raise NothingToResume(tapes_dir(), len(candidates))
+    raise NothingToResume(tapes_dir(), len(candidates), unread)
 
 
 @dataclass
@@ -455,6 +503,14 @@ class SessionTape:
                 await then(app)
 
         return start
+
+    def discard(self) -> None:
+        """Close the tape and remove it: the session it was opened for never began."""
+        if self.recorder is not None:
+            self.recorder.close()
+            with contextlib.suppress(OSError):
+                self.recorder.path.unlink()
+            self.recorder = None
 
     def close(self) -> None:
         """Close the tape (idempotent); a notice from its last write goes to stderr."""

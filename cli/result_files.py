@@ -6,14 +6,14 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.sweep_result import SweepResult
 from engine.errors import BadOption
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 
 class ResultFile:
@@ -26,7 +26,8 @@ class ResultFile:
     `problem()` says where.
     """
 
-    def __init__(self, option: str, path: str, render: Callable[[SweepResult], str]) -> None:
+    def __init__(self, option: str, path: str, render: Callable[[Any], str]) -> None:
+        # `render` takes what `write` is given: a SweepResult, or a load run's LoadResult.
         self.option = option
         self.path = Path(path)
         self.render = render
@@ -49,7 +50,7 @@ class ResultFile:
                 self.option, f"cannot write in {folder} ({exc.strerror or exc})"
             ) from None
 
-    def write(self, result: SweepResult) -> None:
+    def write(self, result: Any) -> None:
         """Never raises: losing the file must not lose the sweep."""
         text = self.render(result)
         if self.error is None:
@@ -90,6 +91,14 @@ def _replace_atomically(path: Path, text: str) -> None:
 
 
 def result_files(args: argparse.Namespace) -> list[ResultFile]:
+    """The --json and --csv files asked for; the same file for both is refused, since
+    the CSV would overwrite the JSON after every point (a link to it counts too)."""
+    if args.json_path and args.csv_path and _same_file(args.json_path, args.csv_path):
+        raise BadOption(
+            "--csv",
+            f"{args.csv_path} is the file --json writes too ({args.json_path}); give each "
+            "its own path, or the CSV would overwrite the JSON",
+        )
     files = []
     if args.json_path:
         files.append(ResultFile("--json", args.json_path, SweepResult.to_json))
@@ -98,7 +107,17 @@ def result_files(args: argparse.Namespace) -> list[ResultFile]:
     return files
 
 
-def say_problems(files: list[ResultFile]) -> None:
+def _same_file(a: str, b: str) -> bool:
+    first, second = Path(a), Path(b)
+    try:
+        if first.exists() and second.exists():
+            return first.samefile(second)
+    except OSError:
+        pass
+    return first.resolve() == second.resolve()
+
+
+def say_problems(files: Sequence[ResultFile]) -> None:
     from cli.launch import say
 
     for f in files:

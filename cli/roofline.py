@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import BadOption, KvscopeError
 from engine.sizes import GIB, MIB
+from roofline.batched import BatchedReport, batched_report
 from roofline.floors import RooflineReport, predict
 from roofline.hardware import known_gpus, known_models, load_geometry, load_profile
 
@@ -112,6 +113,12 @@ def add_roofline_parser(subparsers: Any) -> None:
         default="0.9",
         help="fraction of GPU memory vLLM may use, as vLLM's flag (default: 0.9)",
     )
+    parser.add_argument(
+        "--batch",
+        metavar="B,B,...",
+        help="also predict batched decode at these batch sizes (e.g. 1,8,32,128), at each "
+        "prompt length plus half the output",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead")
     parser.add_argument(
         "--recalibrate",
@@ -131,6 +138,8 @@ def build_report(args: argparse.Namespace) -> RooflineReport:
         getattr(args, "gpu", DEFAULT_GPU),
         recalibrate=bool(getattr(args, "recalibrate", False)),
         option="--gpu",
+        # Calibration takes seconds: say what it measures while it does.
+        progress=lambda stage: print(f"kvscope: calibrating: {stage}", file=sys.stderr),
     )
     return predict(geom, hw, prompt_lens, output_len=output_len, util=util)
 
@@ -139,15 +148,76 @@ def run_roofline(args: argparse.Namespace) -> int:
     """Print the report (a table, or JSON with --json). 0 on success; 2 with one
     `kvscope: ...` line on stderr for a bad option."""
     try:
+        batches = _batches(getattr(args, "batch", None))
         report = build_report(args)
     except KvscopeError as exc:
         print(f"kvscope: {exc.plain()}", file=sys.stderr)
         return 2
+    batched = batched_reports(report, batches) if batches else []
     if getattr(args, "json", False):
-        print(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        if batched:
+            data["batched"] = [b.to_dict() for b in batched]
+        print(json.dumps(data, indent=2))
     else:
         render_report(report)
+        if batched:
+            render_batched(batched)
     return 0
+
+
+def _batches(text: str | None) -> list[int]:
+    if text is None:
+        return []
+    batches = parse_int_list(text, "--batch")
+    too_big = [b for b in batches if b > 1_000_000]
+    if too_big:
+        raise BadOption("--batch", f"{too_big[0]:,} is past the limit of 1,000,000")
+    return batches
+
+
+def batched_reports(report: RooflineReport, batches: list[int]) -> list[BatchedReport]:
+    """Batched decode at each prompt length's midpoint context, for the report's model,
+    hardware, utilization and block size."""
+    return [
+        batched_report(
+            report.geometry,
+            report.hardware,
+            batches,
+            p.prompt_len + report.output_len // 2,
+            util=report.gpu_memory_utilization,
+            block_size=report.block_size,
+        )
+        for p in report.predictions
+    ]
+
+
+def render_batched(reports: list[BatchedReport]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    table = Table(title="Batched decode: one step of b requests at context c (floors)")
+    for col in ("context", "batch", "step ms", "tokens/s", "bound", "fits pool?"):
+        table.add_column(col, justify="right")
+    for r in reports:
+        for s in r.steps:
+            table.add_row(
+                f"{s.context:,}",
+                f"{s.batch:,}",
+                f"{s.step_s * 1e3:,.2f}",
+                f"{s.tokens_per_s:,.0f}",
+                s.bound,
+                "yes" if s.fits else "[red]no[/]",
+            )
+    console.print(table)
+    for r in reports:
+        console.print(r.sentence())
+    console.print(
+        "step = max((weights + b x KV bytes at c) / bandwidth, b x decode FLOPs at c / peak); "
+        "tokens/s = b / step. 'fits pool?' = b requests of c tokens fit in the KV pool.",
+        style="dim",
+    )
 
 
 def _si(value: float, unit: str) -> str:
@@ -177,7 +247,7 @@ def render_report(report: RooflineReport) -> None:
         f"{g.dtype_bytes} bytes)"
     )
     console.print(
-        f"[bold]{hw.name}[/]: {_si(hw.peak_bf16_flops, 'FLOP/s')} dense bf16, "
+        f"[bold]{hw.name}[/]: {_si(hw.peak_bf16_flops, 'FLOP/s')} dense peak, "
         f"{_si(hw.mem_bandwidth_bytes_s, 'B/s')}, {hw.memory_bytes / GIB:.2f} GiB"
     )
     if not report.weights_fit:

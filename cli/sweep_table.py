@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from roofline.floors import FLOOR_BEATEN, floor_beaten, floor_share_words
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 
 def render_summary(result: SweepResult, console: Console) -> None:
+    # Every duration in ms, said in each header: one style for the whole table.
     table = Table(
         title=f"kvscope bench: {result.config.output_len} output tokens, "
         f"{result.config.runs} run(s), concurrency {result.config.concurrency}"
@@ -25,27 +28,30 @@ def render_summary(result: SweepResult, console: Console) -> None:
     for col in (
         "prompt",
         "mean TTFT ms",
-        "median TTFT",
-        "p99 TTFT",
+        "median TTFT ms",
+        "p99 TTFT ms",
         "median ITL ms",
-        "p99 ITL",
-        "mean TPOT",
+        "p99 ITL ms",
+        "mean TPOT ms",
         "E2EL ms",
         "out tok/s",
         "TTFT % floor",
         "ITL % floor",
     ):
         table.add_column(col, justify="right")
+    beaten = False
     for p in result.points:
         if not p.ok:
             reason = (p.error or "").split(":")[0]
             table.add_row(f"{p.prompt_len:,}", "[red]failed[/]", f"[red]{reason}[/]", *[""] * 8)
             continue
 
-        def f(key: str, fmt: str = "{:.1f}", p: SweepPoint = p) -> str:
+        def f(key: str, fmt: str = "{:,.1f}", p: SweepPoint = p) -> str:
             v = p.value(key)
             return fmt.format(v) if v is not None else "-"
 
+        shares = [p.value("ttft_pct_of_floor"), p.value("itl_pct_of_floor")]
+        beaten = beaten or any(floor_beaten(v) for v in shares)
         table.add_row(
             f"{p.prompt_len:,}",
             f("mean_ttft_ms"),
@@ -54,12 +60,17 @@ def render_summary(result: SweepResult, console: Console) -> None:
             f("median_itl_ms"),
             f("p99_itl_ms"),
             f("mean_tpot_ms"),
-            f("mean_e2el_ms", "{:.0f}"),
+            f("mean_e2el_ms", "{:,.0f}"),
             f("output_throughput"),
-            f("ttft_pct_of_floor", "{:.0f}%"),
-            f("itl_pct_of_floor", "{:.0f}%"),
+            *(_share_cell(v) for v in shares),
         )
     console.print(table)
+    if beaten:
+        console.print(
+            f"[red]{FLOOR_BEATEN}[/]: a measurement was faster than its floor, which no "
+            "engine can be. The floor's peak numbers are too low for this machine; "
+            "measure them again with `kvscope roofline --gpu cpu --recalibrate`."
+        )
     ok = [p for p in result.points if p.ok]
     if len(ok) >= 2:
         first, last = ok[0], ok[-1]
@@ -69,41 +80,108 @@ def render_summary(result: SweepResult, console: Console) -> None:
         itl_ratio = (last.value("median_itl_ms") or 0.0) / max(
             first.value("median_itl_ms") or 0.0, 1e-9
         )
-        console.print(verdict(last.prompt_len / first.prompt_len, ttft_ratio, itl_ratio))
-        busy = busy_host()
+        load, cores = host_load()
+        console.print(
+            verdict(
+                last.prompt_len / first.prompt_len, ttft_ratio, itl_ratio, load=load, cores=cores
+            )
+        )
+        busy = busy_host(load, cores)
         if busy:
             console.print(busy)
         console.file.write(charts(result, width=min(console.width, 100)) + "\n")
 
 
-def verdict(prompt_ratio: float, ttft_ratio: float, itl_ratio: float) -> str:
-    """What the sweep's own numbers show, in one sentence: never a fixed text."""
+def _share_cell(percent: float | None) -> str:
+    words = floor_share_words(percent, short=True)
+    return f"[red]{words}[/]" if floor_beaten(percent) else words
+
+
+FLAT = 1.5
+"""ITL counts as flat while the longest prompt's median is within 1.5x of the shortest's,
+either way: a fall is as much a move as a rise."""
+
+
+def _moved(ratio: float) -> float:
+    """How far a ratio is from 1, either way: x0.18 moved 5.5x, as x5.5 did."""
+    if ratio <= 0:
+        return float("inf")
+    return max(ratio, 1.0 / ratio)
+
+
+def verdict(
+    prompt_ratio: float,
+    ttft_ratio: float,
+    itl_ratio: float,
+    *,
+    load: float | None = None,
+    cores: int | None = None,
+) -> str:
+    """What the sweep's own numbers show, in one sentence: never a fixed text.
+
+    `load` and `cores` are the host's load average and core count while it measured:
+    on a busy host a moving ITL is the host's doing, and the sentence says so rather
+    than read it as the engine's.
+    """
     head = f"prompt x{prompt_ratio:.0f}: TTFT x{ttft_ratio:.1f}, median ITL x{itl_ratio:.2f}. "
     ttft_grew = ttft_ratio >= max(1.5, 0.5 * prompt_ratio)
-    itl_flat = itl_ratio <= 1.5
+    moved = _moved(itl_ratio)
+    itl_flat = moved <= FLAT
+    busy = load is not None and cores is not None and load > cores
+    host = f"the host was busy (load {load:.1f} on {cores} cores)" if busy else ""
     if ttft_grew and itl_flat:
+        tail = f" (on a busy host: load {load:.1f} on {cores} cores)" if busy else ""
         return head + (
-            "TTFT grew with the prompt while ITL stayed nearly flat: prefill is "
-            "compute-bound and decode memory-bound, as in the reference article."
+            f"TTFT grew with the prompt while ITL stayed within {moved:.1f}x: prefill is "
+            f"compute-bound and decode memory-bound, as in the reference article{tail}."
+        )
+    if not itl_flat and busy:
+        prefill = (
+            "TTFT grew with the prompt, but "
+            if ttft_grew
+            else "TTFT grew less than the prompt and "
+        )
+        return head + (
+            f"{prefill}ITL moved {moved:.1f}x: {host}, so this run cannot show the decode "
+            "claim. Measure again on a quiet host."
+        )
+    if not itl_flat and itl_ratio < 1:
+        return head + (
+            f"ITL fell {moved:.1f}x as the prompt grew, which a longer prompt cannot "
+            "cause: something slowed the shorter runs (a warm-up, another process), so "
+            "this run cannot show the decode claim. Measure again."
         )
     if ttft_grew:
         return head + (
-            "TTFT grew with the prompt, but ITL grew too: decode is not flat here (long "
-            "contexts, or a busy host slowing some steps)."
+            f"TTFT grew with the prompt, but ITL grew too ({moved:.1f}x): decode is not "
+            "flat here (long contexts reading more KV, or a busy host slowing some steps)."
         )
     if itl_flat:
         return head + (
-            "TTFT grew less than the prompt: fixed costs (a network round trip, a small "
-            "model, queueing) outweigh the prefill itself at these lengths."
+            f"TTFT grew less than the prompt (x{ttft_ratio:.1f} for x{prompt_ratio:.0f} "
+            "the tokens): fixed costs (a network round trip, a small model, queueing) "
+            "outweigh the prefill itself at these lengths."
         )
-    return head + "Neither finding shows clearly in these numbers; a busy host is likely."
+    return head + (
+        f"Neither finding shows clearly in these numbers (TTFT x{ttft_ratio:.1f} for "
+        f"x{prompt_ratio:.0f} the tokens, ITL moved {moved:.1f}x); a busy host is likely."
+    )
 
 
-def busy_host() -> str:
-    """A warning when this machine was busier than its cores while measuring, else ""."""
+def host_load() -> tuple[float | None, int]:
+    """The host's 1-minute load average (None where it cannot be read) and its cores."""
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load <= cores:
+    try:
+        return os.getloadavg()[0], cores
+    except (AttributeError, OSError):
+        return None, cores
+
+
+def busy_host(load: float | None = None, cores: int | None = None) -> str:
+    """A warning when this machine was busier than its cores while measuring, else ""."""
+    if load is None or cores is None:
+        load, cores = host_load()
+    if load is None or load <= cores:
         return ""
     return (
         f"Note: this host was busy while measuring (load {load:.1f} on {cores} cores): "
@@ -124,12 +202,28 @@ def charts(result: SweepResult, width: int = 100, height: int = 14) -> str:
         plt.clf()
         plt.plotsize(width, height)
         plt.theme("clear")
-        plt.plot(xs, [p.value(key) or 0.0 for p in ok], marker="braille", label="measured")
-        if all(p.value(floor_key) is not None for p in ok):
+        measured = [p.value(key) or 0.0 for p in ok]
+        plt.plot(xs, measured, marker="braille", label="measured")
+        floors = [p.value(floor_key) for p in ok]
+        shown = [v for v in floors if v is not None]
+        log = False
+        if shown and len(shown) == len(floors):
             # Another glyph than the measurement's: the charts are often read without colour.
-            plt.plot(xs, [p.value(floor_key) or 0.0 for p in ok], marker="x", label="floor")
-        plt.title(title)
-        plt.ylim(0, None)
+            plt.plot(xs, shown, marker="x", label="floor")
+            # A floor 20x under the measurement would lie on a linear axis' zero row.
+            log = min(shown) > 0 and min(measured) > 0 and _apart(measured, shown)
+        if log:
+            plt.yscale("log")
+            plt.title(f"{title}, log scale")
+        else:
+            plt.title(title)
+            plt.ylim(0, None)
         out.append(plt.build())
     # Plain text: the charts go to files and pipes as often as to terminals.
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out))
+
+
+def _apart(a: list[float], b: list[float], factor: float = 10.0) -> bool:
+    """Whether the tops of two series differ by more than `factor`."""
+    top_a, top_b = max(a), max(b)
+    return max(top_a, top_b) / max(min(top_a, top_b), 1e-9) > factor

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from engine.clock import Clock
+    from engine.fleet.fleet_state import FleetState
     from engine.events import (
         ModelCard,
         PrefixCacheView,
@@ -54,6 +55,14 @@ class StepStarts(Protocol):
         ...
 
 
+class FleetWatch(Protocol):
+    """Several replicas behind the URL the requests go to, each scraped on its own."""
+
+    def fleet_state(self) -> FleetState:
+        """Every replica's latest row, and the imbalance line when there is one."""
+        ...
+
+
 class SessionTape(Protocol):
     """A session being recorded: what only the UI knows goes on the tape through this."""
 
@@ -91,6 +100,8 @@ class EngineFeatures:
     """The tape being played, for the screen that plays it."""
     step_starts: StepStarts | None = None
     memory: MemoryBudget | None = None
+    fleet: FleetWatch | None = None
+    """The replicas behind a router (`--replica`), scraped one by one."""
     """Where the engine's memory went at start-up, by vLLM's own accounting."""
     """Each step announced as it begins (a server's scrapes and a tape have no such moment)."""
 

@@ -12,6 +12,7 @@ keeps two conversions (two terminals, a test and a user) from sweeping each othe
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import importlib.util
 import json
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine.errors import CacheDirUnwritable, ModelNotFound
+from engine.errors import CacheDirUnwritable, KvscopeError, ModelNotFound
 from engine.paths import cache_dir, ensure_cache_subdir
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -148,9 +149,56 @@ def _convert(src: Path, out: Path, progress: Progress) -> None:
         raise RuntimeError(f"weights do not match: missing={missing} unexpected={unexpected}")
     del gguf_model
     progress("writing safetensors", 0.7)
-    plain.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    weights = sum(t.numel() * t.element_size() for t in plain.state_dict().values())
+
+    def write() -> None:
+        plain.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    write_model(out, weights + TOKENIZER_BYTES, write)
     progress("checking the result", 0.9)
+
+
+# The tokenizer's files beside the weights (about 3.5 MB), rounded up.
+TOKENIZER_BYTES = 8 * 1024 * 1024
+# What a converted folder takes when nothing more is known (measured: 272,589,667 bytes).
+MODEL_BYTES = 273 * 1024 * 1024
+
+
+class DiskFull(KvscopeError):
+    """The disk filled up while the model was written; `needed` is what the folder takes."""
+
+    def __init__(self, folder: str, needed: int, free: int) -> None:
+        super().__init__(folder, needed, free)
+        self.folder = folder
+        self.needed = needed
+        self.free = free
+
+    def plain(self) -> str:
+        return (
+            f"The disk is full: converting the embedded model needs about "
+            f"{self.needed / 1024**2:,.0f} MiB in {self.folder}, and "
+            f"{self.free / 1024**2:,.0f} MiB are free there. Free some space, or set "
+            "KVSCOPE_CACHE_DIR to a folder on a disk with room."
+        )
+
+
+def _disk_full(exc: BaseException) -> bool:
+    # safetensors says it in its own exception type, with the OS's words.
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
+
+
+def write_model(out: Path, needed: int, write: Callable[[], None]) -> None:
+    """Run `write` (saving the converted model into `out`); a full disk is a DiskFull
+    that says how much the model needs, whichever library noticed it."""
+    try:
+        write()
+    except Exception as exc:
+        if not _disk_full(exc):
+            raise
+        raise DiskFull(str(out.parent), needed, 0) from None
 
 
 def prepare_embedded_model(progress: Progress | None = None, *, force: bool = False) -> Path:
@@ -182,7 +230,14 @@ def prepare_embedded_model(progress: Progress | None = None, *, force: bool = Fa
         _remove_temps(target.parent)
         try:
             _convert_into(src, target, report)
+        except DiskFull as full:
+            # What is free now that the half-written folder is gone, not the 0 it left.
+            free = shutil.disk_usage(target.parent).free
+            raise DiskFull(full.folder, full.needed, free) from None
         except OSError as exc:
+            if _disk_full(exc):
+                free = shutil.disk_usage(target.parent).free
+                raise DiskFull(str(target.parent), MODEL_BYTES, free) from None
             raise CacheDirUnwritable(
                 str(target.parent), exc.strerror or type(exc).__name__
             ) from exc
@@ -214,7 +269,7 @@ def _convert_into(src: Path, target: Path, report: Progress) -> None:
 def _conversion_lock(folder: Path) -> Iterator[None]:
     """Held for a whole conversion: whoever holds it knows every temp folder is stale."""
     try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
         raise CacheDirUnwritable(str(folder), exc.strerror or type(exc).__name__) from None
     try:
@@ -233,7 +288,7 @@ def sweep_stale_temps(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return []
     try:

@@ -1,20 +1,35 @@
-"""Where kvscope keeps what it makes: the converted model, calibration, engine logs.
+"""Where kvscope keeps what it makes (the converted model, calibration, engine logs), and
+how it writes there: privately.
 
 Looking a path up never writes anything: a read-only cache that already holds a ready
 model must still work. Only code that writes creates folders, through
 `ensure_cache_subdir`, which says in words which folder failed and how to move it.
+
+Tapes hold every prompt and reply, and the log and settings say what a user ran: on a
+shared GPU box none of it is for the other users. So every folder kvscope creates is
+0700 and every file it writes is 0600, whatever the umask (`private_dir`,
+`open_private`, `write_private`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
+import tempfile
 from pathlib import Path
+from typing import TextIO
 
 import platformdirs
 
 from engine.errors import CacheDirUnwritable
 
 CACHE_ENV = "KVSCOPE_CACHE_DIR"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def cache_dir() -> Path:
@@ -26,15 +41,124 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("kvscope"))
 
 
+def private_dir(folder: Path) -> Path:
+    """Create `folder` and any missing parent, each 0700 whatever the umask.
+
+    A folder that is already there is left as it is: it may be the user's own (the
+    working folder, /tmp), and its mode is theirs to choose. Raises OSError.
+    """
+    missing: list[Path] = []
+    here = folder
+    while not here.is_dir():
+        missing.append(here)
+        if here.parent == here:
+            break
+        here = here.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        # mkdir's mode is masked by the umask; chmod is not.
+        os.chmod(path, PRIVATE_DIR_MODE)
+    return folder
+
+
 def ensure_cache_subdir(folder: Path) -> Path:
     """Create `folder` (inside the cache) if needed, or say plainly why it cannot be."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        private_dir(folder)
     except OSError as exc:
         raise CacheDirUnwritable(str(folder), exc.strerror or type(exc).__name__) from None
     return folder
 
 
+def open_private(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None) -> int:
+    """`os.open` of a file kvscope writes: created 0600, and an existing one made 0600 too
+    (a tape or log left 0644 by an older kvscope). Never follows a symlink at `path`."""
+    fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, PRIVATE_FILE_MODE, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_private(path: Path, data: str | bytes) -> Path:
+    """Write `path` whole, atomically (a 0600 temporary file beside it, renamed over it),
+    so a reader never sees half a file. Raises OSError."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), PRIVATE_FILE_MODE)
+            fh.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
 def engine_log_path() -> Path:
     """Where vLLM's log goes; `route_vllm_logs` falls back elsewhere if it cannot write."""
     return cache_dir() / "engine.log"
+
+
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+
+def open_private_log(path: Path) -> TextIO:
+    """The engine log at `path`, for appending: its folder made if need be (0700), the
+    file 0600, a symlink in its place refused. Raises OSError."""
+    private_dir(path.parent)
+    return os.fdopen(open_private(path, _APPEND), "a", encoding="utf-8")
+
+
+def fallback_log_dir() -> Path:
+    """`$TMPDIR/kvscope-UID`: where the log goes when the cache folder cannot take it."""
+    return Path(tempfile.gettempdir()) / f"kvscope-{os.getuid()}"
+
+
+class UnsafeFolder(OSError):
+    """A folder kvscope will not write in, in words (`strerror`)."""
+
+
+def open_fallback_log() -> tuple[Path, TextIO]:
+    """The engine log in `fallback_log_dir()`, opened only if that is a real folder
+    (not a symlink), owned by this user, mode 0700: in a temp folder every user can
+    write, anything else may have been planted to make kvscope write into another
+    user's file. The folder is opened without following links, and the log inside it
+    through that handle, so nothing can be swapped in between. Raises OSError (an
+    `UnsafeFolder` says why in words)."""
+    folder = fallback_log_dir()
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, PRIVATE_DIR_MODE)
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeFolder(
+                exc.errno, f"{folder} is a symlink or not a folder, so it is not used"
+            ) from None
+        raise
+    try:
+        st = os.fstat(dir_fd)
+        if st.st_uid != os.getuid():
+            raise UnsafeFolder(
+                errno.EPERM,
+                f"{folder} belongs to user {st.st_uid}, not to you, so it is not used",
+            )
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != PRIVATE_DIR_MODE:
+            raise UnsafeFolder(
+                errno.EPERM, f"{folder} has mode {mode:04o}, not 0700, so it is not used"
+            )
+        fd = open_private("engine.log", _APPEND, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return folder / "engine.log", os.fdopen(fd, "a", encoding="utf-8")

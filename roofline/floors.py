@@ -12,7 +12,9 @@ The two floors follow the roofline model:
   bandwidth (memory-bound) until the batch is large.
 
 Each floor is the larger of the compute time and the memory time, at 100% of the vendor's
-peak: a real engine lands above it. `percent_of_floor` says how close a measurement comes.
+peak (for "cpu", the fastest this machine was measured to go): a real engine lands above
+it, always. `percent_of_floor` says how close a measurement comes; a measurement below its
+floor is a bug in the floor's inputs, said as such (`floor_share_words`).
 
 The KV pool is what vLLM has left for the cache after weights and a reserve for
 activations, out of `memory * gpu_memory_utilization`.
@@ -148,12 +150,32 @@ def percent_of_floor(measured_s: float, floor_s: float) -> float:
     """How close a measurement comes to its floor: floor / measured * 100.
 
     100% would be a perfect engine running at the hardware's peak, so the number says how
-    much of the machine the engine used. Above 100% means the floor's assumptions (the
-    peak numbers, the FLOP count) do not hold for that machine.
+    much of the machine the engine used. Above 100% the measurement beat its floor, which
+    no engine can do: the floor's inputs (the peak numbers, the FLOP count) are wrong for
+    that machine, and `floor_beaten` says so (a share is never shown above 100%).
     """
     if measured_s <= 0:
         raise ValueError(f"measured time must be positive, got {measured_s}")
     return floor_s / measured_s * 100.0
+
+
+FLOOR_BEATEN = "floor beaten: calibration is wrong"
+"""What is shown instead of a share above 100%: the floor is a bug, not a result."""
+
+
+def floor_beaten(percent: float | None) -> bool:
+    """Whether a share of the floor (`percent_of_floor`) says the measurement beat it."""
+    return percent is not None and percent > 100.0
+
+
+def floor_share_words(percent: float | None, *, short: bool = False) -> str:
+    """A share of the floor for a table cell: "43%", "-" when there is none, and for a
+    measurement faster than its floor `FLOOR_BEATEN` (or "beaten ✗" when `short`)."""
+    if percent is None:
+        return "-"
+    if floor_beaten(percent):
+        return "beaten ✗" if short else FLOOR_BEATEN
+    return f"{percent:.0f}%"
 
 
 # --------------------------------------------------------------------------- KV pool

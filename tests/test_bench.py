@@ -38,12 +38,12 @@ async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
 
     result = await run_sweep(
         vllm_engine,
-        SweepConfig(prompt_lens=(128, 2048), output_len=16, runs=1, warmup=1),
+        SweepConfig(prompt_lens=(64, 512), output_len=16, runs=1, warmup=1),
         on_progress=lambda done, total: progress.append((done, total)),
         floors=floors,
     )
     data = json.loads(result.to_json())
-    assert [p["prompt_len"] for p in data["points"]] == [128, 2048]
+    assert [p["prompt_len"] for p in data["points"]] == [64, 512]
     for point in data["points"]:
         assert point["ok"] is True
         for key in FIELDS:
@@ -232,9 +232,9 @@ def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None
     out_json = tmp_path / "ab.json"
     out = subprocess.run(
         [
-            KVSCOPE, "bench", "--prompt-lens", "128,1024", "--runs", "1", "--output-len", "8",
-            "--warmup", "0", "--max-model-len", "2048",
-            "--compare", "--max-num-batched-tokens 256", "--max-num-batched-tokens 2048",
+            KVSCOPE, "bench", "--prompt-lens", "64,512", "--runs", "1", "--output-len", "4",
+            "--warmup", "0", "--max-model-len", "1024",
+            "--compare", "--max-num-batched-tokens 128", "--max-num-batched-tokens 1024",
             "--json", str(out_json),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -243,11 +243,11 @@ def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None
     assert "B / A, per prompt length" in out.stdout
     data = json.loads(out_json.read_text())["compare"]
     assert set(data) == {"A", "B"}
-    assert data["A"]["flags"] == "--max-num-batched-tokens 256"
+    assert data["A"]["flags"] == "--max-num-batched-tokens 128"
     for label in ("A", "B"):
-        assert [p["prompt_len"] for p in data[label]["points"]] == [128, 1024]
+        assert [p["prompt_len"] for p in data[label]["points"]] == [64, 512]
         assert all(p["ok"] for p in data[label]["points"])
-    # A 256-token step budget cuts the 1,024-token prompt into four chunks, 2,048 takes it
+    # A 128-token step budget cuts the 512-token prompt into four chunks, 1,024 takes it
     # in one: the configs really differed. (Their TTFTs are too close on this CPU, and
     # the host too noisy, for one run each to order them: that compared timings, and
     # failed in CI once.)

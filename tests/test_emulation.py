@@ -59,3 +59,41 @@ def test_real_engine_pool_matches_the_emulated_gpu_within_one_block() -> None:
     card = run_and_report(script, "CARD")
     assert abs(card["pool"] - card["want"]) <= card["bs"], card
     assert card["label"].startswith("emulating L4")
+
+
+def test_on_a_gpu_the_emulated_pool_is_sized_from_the_gpus_memory_and_block_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An L4 pool for a 7B model on a 24 GiB GPU: CUDA's 16-token blocks, and the budget
+    from the device's 24 GiB, not the host's RAM (which may be 2 TB or 16 GB)."""
+    import argparse
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    from cli.engine_choice import _in_process
+
+    nvml = types.ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetCount = lambda: 1  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetName = lambda h: "NVIDIA L4"  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(  # type: ignore[attr-defined]
+        total=24 * 2**30, free=23 * 2**30, used=2**30
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    # A host with little RAM: sized from it, the pool would not fit.
+    monkeypatch.setattr("roofline.emulation.total_memory_bytes", lambda: 2 * 2**30)
+    args = argparse.Namespace(
+        emulate_gpu="l4", emulate_model="qwen2.5-7b-instruct", emulate_scale=1.0
+    )
+    from engine.vllm.engine import VllmEngine
+
+    engine = _in_process(args, [])  # sized from 2 GiB of host RAM this would refuse
+    assert isinstance(engine, VllmEngine)
+    assert engine.emulation is not None and engine.argv is not None
+    pool = int(engine.argv[engine.argv.index("--kv-cache-memory-bytes") + 1])
+    blocks = engine.emulation.pool_tokens // 16
+    assert engine.emulation.pool_tokens % 16 == 0
+    assert pool == (blocks + 1) * 16 * 23040  # CUDA's 16-token blocks of SmolLM2's KV

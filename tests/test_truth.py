@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from engine.vllm.engine import VllmEngine
 
 ITL_TOLERANCE_S = 0.5e-3
-# A second, short-lived engine whose step budget chunks a 2,048-token prompt into four.
+# A second, short-lived engine whose step budget chunks a 1,024-token prompt into four.
 SMALL_BUDGET_ARGV = (
     "--max-model-len",
     "4096",
     "--kv-cache-memory-bytes",
     str(128 * 1024**2),
     "--max-num-batched-tokens",
-    "512",
+    "256",
     "--enable-chunked-prefill",
 )
 
@@ -113,7 +113,7 @@ async def test_the_last_request_ending_leaves_an_idle_sample(vllm_engine: Engine
 
 @pytest.mark.engine
 def test_ttft_anatomy_adds_up_and_counts_prefill_chunks() -> None:
-    """With a 512-token step budget a 2,048-token prompt takes 4 prefill chunks; the parts
+    """With a 256-token step budget a 1,024-token prompt takes 4 prefill chunks; the parts
     of its TTFT add up to the TTFT measured from the caller's clock. (Its own engine, in
     its own process: two vLLM engines cannot share one process's distributed state.)"""
     script = f"""
@@ -123,7 +123,7 @@ from engine.vllm.engine import VllmEngine
 engine = VllmEngine(argv={list(SMALL_BUDGET_ARGV)!r})
 engine.start()
 async def main():
-    ids = engine.synthetic_prompt(2048, seed=340)
+    ids = engine.synthetic_prompt(1024, seed=340)
     request = GenerationRequest("anatomy", prompt_token_ids=ids,
                                 sampling=SamplingSettings(max_tokens=2, ignore_eos=True))
     async for event in engine.stream(request):
@@ -188,7 +188,10 @@ async def test_preemption_is_seen_and_its_recompute_counts_as_prefill(
     try:
         with PoolHeld(vllm_engine, keep_free=4):
             results = await asyncio.gather(
-                *(_run(vllm_engine, f"pre-{i}", 3 * quarter, 3 * quarter, seed=360 + i) for i in range(3))
+                *(
+                    _run(vllm_engine, f"pre-{i}", 3 * quarter, 3 * quarter, seed=360 + i)
+                    for i in range(3)
+                )
             )
     finally:
         remove()

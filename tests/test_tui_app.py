@@ -511,7 +511,7 @@ async def test_preemption_is_counted_when_copies_overfill_the_pool() -> None:
         await main.send("fill the pool", synthetic=True)
         await reply_done(pilot, timeout=30)
         assert app.telemetry.preemptions_total > 0
-        assert "preemptions" in str(main.engine_panel.query_one("#kv-box").border_title)
+        assert "preempted ×" in str(main.engine_panel.query_one("#kv-box").border_title)
 
 
 def test_step_listener_only_posts(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -226,7 +226,8 @@ async def test_the_spike_line_names_the_other_requests_prefill_chunk() -> None:
         assert worst is not None
         step = tel.tokens[worst].step
         assert re.fullmatch(
-            rf"token {worst} waited \S+ ms: step {step} also ran a 511-token prefill chunk "
+            rf"token {worst + 1} of {len(tel.tokens)} waited \S+ ms: step {step} also ran "
+            r"a 511-token prefill chunk "
             r"of r1\.2",
             box.spike_text,
         ), box.spike_text
@@ -236,7 +237,9 @@ async def test_the_spike_line_names_the_other_requests_prefill_chunk() -> None:
         last = len(tel.tokens) - 1
         assert tel.cursor == last
         assert re.fullmatch(
-            rf"token {last} waited \S+ ms: step \d+ decoded 2 requests \(\S+ ms\)", box.spike_text
+            rf"token {last + 1} of {last + 1} waited \S+ ms: step \d+ decoded 2 requests, "
+            r"and that was the whole wait",
+            box.spike_text,
         ), box.spike_text
         await pilot.press("left_square_bracket")
         assert tel.cursor == last - 1
@@ -293,9 +296,11 @@ def test_the_issues_own_example_sentence() -> None:
     tel.add_token(_token(118, 37, t + 0.412, 0.412))
     assert tel.worst_token() == 37
     assert tel.explain_token(37) == (
-        "token 37 waited 412 ms: step 118 also ran a 2,048-token prefill chunk of r4"
+        "token 38 of 38 waited 412 ms: step 118 also ran a 2,048-token prefill chunk of r4"
     )
-    assert tel.explain_token(36) == "token 36 waited 20.0 ms: step 117 decoded 1 request (20.0 ms)"
+    assert tel.explain_token(36) == (
+        "token 37 of 38 waited 20.0 ms: step 117 decoded 1 request, and that was the whole wait"
+    )
     # "an 8,192-token", not "a 8,192-token".
     tel.add_sample(
         _decode_sample(119, ("r1",), prefill=(("r5", 8192),), started=t + 0.412, duration=0.9)
@@ -312,7 +317,7 @@ def test_a_remote_engine_cannot_name_the_cause() -> None:
     tel.add_token(_token(1, 0, 0.04, 0.04))
     tel.add_token(_token(2, 1, 0.5, 0.46))
     assert tel.explain_token(1) == (
-        "token 1 waited 460 ms: this engine does not show its steps (a remote server), "
+        "token 2 of 2 waited 460 ms: this engine does not show its steps (a remote server), "
         "so the cause cannot be known remotely"
     )
     assert "remote server" in lay_out(tel, 60, 8).plain()

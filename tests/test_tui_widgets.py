@@ -186,7 +186,8 @@ async def test_slider_shows_the_emulated_gpu_wall_with_its_name() -> None:
         await pilot.pause()
         text = str(slider.render())
         assert "G L4 KV pool 1,536" in text
-        assert "past the L4 KV pool" in text
+        # Past K and G: one sentence for both pools, not two that say the same.
+        assert "past the KV pool here and on a real L4" in text
         assert slider.walls_passed()[-1].kind == "gpu"
 
 
@@ -499,7 +500,9 @@ def test_preempted_then_decoding() -> None:
     track.tokens = 5
     assert status_of(track, None, accepted=True).words == "decoding"
     track.take(step_sample(started_at=0.2, block_size=16, preempted=("r2",)), None)
-    assert status_of(track, None, accepted=True).words == "preempted ×1: waiting to run again"
+    assert status_of(track, None, accepted=True).words == (
+        "preempted ×1 (KV pool full, 100 tokens to recompute): waiting to run again"
+    )
 
 
 # -- settings ---------------------------------------------------------------------------------

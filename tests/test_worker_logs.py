@@ -6,12 +6,15 @@ import json
 import logging
 import subprocess
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import DeviceOutOfMemory, EngineStartFailed
 from engine.vllm import worker_logs
 from engine.vllm.startup import map_start_error
 from engine.vllm.worker_logs import worker_failure, worker_logging
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 VLLM_SAYS = (
     "WorkerProc initialization failed due to an exception in a background process. "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, ClassVar
 
@@ -11,6 +12,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 
+from engine.paths import open_private, private_dir, write_private
 from themes import all_themes
 from tui.gc_pauses import GcPolicy
 from tui.plotting import PlotRenderer
@@ -189,7 +191,33 @@ class KvscopeApp(App[int]):
                 )
                 return None
             path = str(folder)
+        if not filename:
+            filename = _svg_name(self.title, time_format)
+        # The screen shows prompts and replies: the file is made 0600 before Textual's
+        # delivery thread writes into it (it truncates, keeping the mode).
+        try:
+            os.close(open_private(Path(path) / filename, os.O_WRONLY | os.O_CREAT))
+        except OSError as exc:
+            self.notify(
+                f"Could not save a screenshot in {path}: {exc.strerror or exc}",
+                title="Screenshot",
+                severity="error",
+            )
+            return None
         return super().deliver_screenshot(filename, path, time_format)
+
+    def save_screenshot(
+        self,
+        filename: str | None = None,
+        path: str | None = None,
+        time_format: str | None = None,
+    ) -> str:
+        """Textual's, but the SVG is written 0600 (it shows prompts and replies)."""
+        if not filename:
+            filename = _svg_name(self.title, time_format)
+        target = Path(os.path.expanduser(os.path.join(path or "./", filename)))
+        write_private(target, self.export_screenshot())
+        return str(target)
 
     # -- actions and commands --------------------------------------------------------------
     def action_help(self) -> None:
@@ -236,13 +264,19 @@ class KvscopeApp(App[int]):
             )
 
 
+def _svg_name(title: str, time_format: str | None) -> str:
+    """A screenshot's name as Textual makes it: the title and the time."""
+    stamp = datetime.now().strftime(time_format or "%Y-%m-%dT%H_%M_%S_%f")
+    return f"{title.lower().replace(' ', '_')}_{stamp}.svg"
+
+
 def screenshot_folder(preferred: Path | None = None) -> Path | None:
     """The first writable of: `preferred`, the working folder, kvscope's data folder."""
     candidates = [preferred] if preferred is not None else []
     candidates += [Path.cwd(), Path(platformdirs.user_data_dir("kvscope"))]
     for folder in candidates:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)
         except OSError:
             continue
         if os.access(folder, os.W_OK):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 STEPS = (1.0, 2.0, 5.0)
 
@@ -132,6 +132,20 @@ def log_duration_axis(lo_ms: float, hi_ms: float) -> Axis:
         tuple(math.log10(v) for v in kept),
         tuple(label(v) for v in kept),
     )
+
+
+RANGE_FACTOR = 10.0
+"""Series whose tops differ by more than this cannot share a linear axis: the smaller
+lies on the larger's zero row (median ITL at 25 ms under TTFTs of 150 s)."""
+
+
+def ranges_differ(groups: Sequence[Sequence[float]], factor: float = RANGE_FACTOR) -> bool:
+    """Whether the tops of the non-empty `groups` differ by more than `factor`."""
+    tops = [max(g) for g in groups if g]
+    if len(tops) < 2:
+        return False
+    low = min(tops)
+    return low <= 0 or max(tops) / low > factor
 
 
 def percent_axis(rows: int = 9) -> Axis:

@@ -30,6 +30,8 @@ class PrefillEstimate:
     seconds: float
     source: Literal["measured", "roofline"]
     device: str
+    rate: float | None = None
+    """Prompt tokens per second the estimate divides by: measured, or the roofline's."""
 
     @property
     def long(self) -> bool:
@@ -38,7 +40,16 @@ class PrefillEstimate:
     def words(self) -> str:
         where = "this CPU" if self.device == "cpu" else f"this {self.device}"
         about = "≈" if self.source == "measured" else "≥"
-        return f"{self.tokens:,} prompt tokens {about} {fmt.duration(self.seconds)} on {where}"
+        head = f"{self.tokens:,} prompt tokens {about} {fmt.duration(self.seconds)} on {where}"
+        return f"{head} ({self.basis()})"
+
+    def basis(self) -> str:
+        """What the figure rests on, in words."""
+        rate = f"{self.rate:,.0f} tokens/s" if self.rate else ""
+        if self.source == "measured":
+            return f"at the {rate} prefill measured this session" if rate else "measured"
+        floor = f"the roofline floor, {rate}" if rate else "the roofline floor"
+        return f"{floor}: no prefill measured yet"
 
 
 def roofline_floor(card: ModelCard) -> FloorFn | None:
@@ -78,11 +89,14 @@ def estimate(
     if total == 0:
         return None
     if measured_rate is not None and measured_rate > 0:
-        return PrefillEstimate(total, total / measured_rate, "measured", card.device)
+        return PrefillEstimate(
+            total, total / measured_rate, "measured", card.device, rate=measured_rate
+        )
     if floor is not None:
         try:
             seconds = floor(prompt_tokens) * max(1, copies)
         except (KvscopeError, ValueError):
             return None
-        return PrefillEstimate(total, seconds, "roofline", card.device)
+        rate = total / seconds if seconds > 0 else None
+        return PrefillEstimate(total, seconds, "roofline", card.device, rate=rate)
     return None

@@ -9,12 +9,12 @@ its ticks and their labels) without drawing it.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from engine.stats import percentile
 from tui import axes
-from tui.plotting import Figure, Rule, Series, envelope
+from tui.plotting import Figure, Rule, Series, envelope, log10_series, strip_data_rows
 from tui.telemetry import KV_WINDOW_S, LatencyPoint, Telemetry
 
 # Glyphs of the latency plot: each series its own, so they read apart without colour.
@@ -67,6 +67,11 @@ def itl_figure(
     return figure, pct
 
 
+LatencyScale = Literal["linear", "strips", "log"]
+"""How the latency plot's y axis reads: one linear axis; two linear strips (TTFT above,
+median ITL below, sharing x) when their ranges differ more than tenfold; or log10."""
+
+
 @dataclass(frozen=True)
 class LatencySummary:
     """What the latency plot's title and key say about the points it shows."""
@@ -75,6 +80,16 @@ class LatencySummary:
     queued: int
     queue_removed: int  # queued points drawn at their TTFT less the queue time
     longest_queue_ms: float | None
+    scale: LatencyScale = "linear"
+
+
+TTFT_STRIP = "TTFT"
+ITL_STRIP = "median ITL"
+LOG_LABEL = "log y"
+"""Written into the plot's frame: each strip names its series, a log axis says it is."""
+MIN_STRIP_ROWS = 4
+"""Rows of data a strip needs to be read: with fewer, a 24 ms ITL on a 0-50 ms axis of
+two rows rounds onto the zero row, which is what the strips are there to prevent."""
 
 
 def latency_figure(
@@ -83,6 +98,12 @@ def latency_figure(
     """TTFT and median ITL of every request this session against its prompt length.
 
     The article's finding draws itself: TTFT rises with the prompt, ITL stays flat.
+    Both must be readable: where the largest TTFT is more than ten times the largest
+    median ITL (seconds against tens of ms), one linear axis would lay every ITL on its
+    zero row, so each gets its own strip, TTFT above and ITL below, on the same x axis;
+    a plot too short for two strips gets one log axis. `log_y` (Ctrl+Y) asks for the log
+    axis whatever the ranges. A log axis is named in the frame.
+
     A copy that waited behind others is drawn with its own glyph, at its TTFT less the
     time it queued where that is known, so one long wait does not flatten every other
     point onto the axis.
@@ -100,37 +121,55 @@ def latency_figure(
         ys = tuple(float(getattr(p, value)) for p in chosen)
         return xs, ys
 
-    every_y = [
-        *(p.ttft_ms for p in served if p.ttft_ms is not None),
-        *(p.service_ttft_ms for p in queued if p.service_ttft_ms is not None),
-        *(p.median_itl_ms for p in itl if p.median_itl_ms is not None),
-    ]
+    qx, qy = xy(queued, "service_ttft_ms")
+    tx, ty = xy(served, "ttft_ms")
+    ix, iy = xy(itl, "median_itl_ms")
+    every_y = [*qy, *ty, *iy]
     if not every_y:
         return None, summary
     right = max(p.prompt_tokens for p in points) * 1.05 or 1.0
+    xaxis = axes.token_axis(right, columns)
+    queued_series = Series(qx, qy, role="marker", kind="scatter", marker=QUEUED_MARK)
+    ttft_series = Series(tx, ty, role="series", kind="scatter", marker=TTFT_MARK)
+    itl_series = Series(ix, iy, role="series-alt", kind="scatter", marker=ITL_MARK)
+
+    upper_rows, lower_rows = strip_data_rows(rows)
+    apart = axes.ranges_differ([(*qy, *ty), iy])
+    if not log_y and apart and min(upper_rows, lower_rows) >= MIN_STRIP_ROWS:
+        lower = Figure(
+            series=(itl_series,),
+            xaxis=xaxis,
+            yaxis=axes.duration_axis(max(iy), lower_rows),
+            label=ITL_STRIP,
+        )
+        upper = Figure(
+            series=tuple(s for s in (queued_series, ttft_series) if s.xs),
+            xaxis=xaxis,
+            yaxis=axes.duration_axis(max((*qy, *ty)), upper_rows),
+            label=TTFT_STRIP,
+            below=lower,
+        )
+        return upper, replace(summary, scale="strips")
+    # Too few rows for two strips: one log axis still shows both, and says it is log.
+    log_y = log_y or apart
+
     if log_y:
         yaxis = axes.log_duration_axis(min(every_y), max(every_y))
     else:
         yaxis = axes.duration_axis(max(every_y), axes.plot_rows(rows, xlabel=False))
 
-    def y(values: tuple[float, ...]) -> tuple[float, ...]:
-        return tuple(math.log10(max(v, 1e-3)) for v in values) if log_y else values
-
-    series: list[Series] = []
-    qx, qy = xy(queued, "service_ttft_ms")
-    series.append(Series(qx, y(qy), role="marker", kind="scatter", marker=QUEUED_MARK))
-    tx, ty = xy(served, "ttft_ms")
-    series.append(Series(tx, y(ty), role="series", kind="scatter", marker=TTFT_MARK))
-    # Drawn last: the flat ITL line is half of the finding, and no TTFT point near the
-    # axis may hide it.
-    ix, iy = xy(itl, "median_itl_ms")
-    series.append(Series(ix, y(iy), role="series-alt", kind="scatter", marker=ITL_MARK))
+    # ITL drawn last: the flat ITL line is half of the finding, and no TTFT point near
+    # the axis may hide it.
+    series = [
+        log10_series(s) if log_y else s for s in (queued_series, ttft_series, itl_series) if s.xs
+    ]
     figure = Figure(
-        series=tuple(s for s in series if s.xs),
-        xaxis=axes.token_axis(right, columns),
+        series=tuple(series),
+        xaxis=xaxis,
         yaxis=yaxis,
+        label=LOG_LABEL if log_y else "",
     )
-    return figure, summary
+    return figure, replace(summary, scale="log" if log_y else "linear")
 
 
 def _summarize(points: list[LatencyPoint]) -> LatencySummary:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.stats import percentile
+from tui import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,12 +68,43 @@ class HostWatch:
         mid = percentile(times, 50)
         return percentile(times, 90) / mid if mid > 0 else None
 
+    def usual_decode_s(self, batch: int) -> float | None:
+        """The median of recent decode-only steps of `batch` requests (None before 6)."""
+        times = [d for n, d in self._decode_steps if n == batch]
+        if len(times) < 6:
+            return None
+        return percentile(times, 50)
+
+    def load_words(self) -> str | None:
+        """ "load 5.0 on 2 cores" when the load is above the cores (a CPU engine only)."""
+        if not self.check_load:
+            return None
+        load = self.load_average()
+        if load is None or load <= self.cores:
+            return None
+        return f"load {load:.1f} on {self.cores} cores"
+
+    def stall_words(self, batch: int, took_s: float) -> str | None:
+        """Why a decode step of `batch` requests took `took_s`, when the host is the
+        likeliest cause: it took many times the usual step of that batch, or the load is
+        above the cores. None when the step looks like the engine's own work."""
+        usual = self.usual_decode_s(batch)
+        slow = usual is not None and usual > 0 and took_s > self.spread_limit * usual
+        load = self.load_words()
+        if not slow and load is None:
+            return None
+        parts: list[str] = []
+        if usual is not None and slow:
+            parts.append(f"{took_s / usual:,.0f}× a usual {fmt.ms(usual)} step")
+        if load is not None:
+            parts.append(load)
+        return "the host was busy (" + "; ".join(parts) + ")"
+
     def warning(self) -> HostWarning | None:
         parts: list[str] = []
-        if self.check_load:
-            load = self.load_average()
-            if load is not None and load > self.cores:
-                parts.append(f"load {load:.1f} on {self.cores} cores")
+        load = self.load_words()
+        if load is not None:
+            parts.append(load)
         spread = self.step_spread()
         if spread is not None and spread > self.spread_limit:
             parts.append(f"decode steps vary ×{spread:.1f}")

@@ -13,7 +13,7 @@ from textual.message import Message
 
 if TYPE_CHECKING:
     from engine.errors import KvscopeError
-    from engine.events import LoadProgress, ModelCard, ScrapeSample, StepSample
+    from engine.events import LoadProgress, ModelCard, ScrapeSample, StepSample, StepStarted
 
 
 @dataclass
@@ -42,6 +42,13 @@ class StepSampled(Message):
     """One engine step's sample, from the step listener."""
 
     sample: StepSample
+
+
+@dataclass
+class StepBegan(Message):
+    """A step the engine is running now (its StepSampled follows when it ends)."""
+
+    started: StepStarted
 
 
 @dataclass

@@ -12,12 +12,15 @@ request's state (the reply footer, the copies line, the summary) takes its words
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from engine.events import StepSample
+    from collections.abc import Callable
+
+    from engine.events import PrefillChunk, StepSample, StepStarted
 
 Phase = Literal[
     "sending", "submitted", "queued", "waiting_kv", "prefilling", "decoding", "preempted", "done"
@@ -70,7 +73,11 @@ class RequestTrack:
     in_latest: bool = False
     preemptions: int = 0
     preempted_waiting: bool = False
+    lost: int = 0  # tokens whose KV the latest preemption threw away (to be recomputed)
     tokens: int = 0
+    running: PrefillChunk | None = None
+    """Its prompt chunk in the step running now (from a StepStarted), until the step ends."""
+    running_since: float = 0.0
 
     @property
     def queue_s(self) -> float | None:
@@ -91,6 +98,7 @@ class RequestTrack:
         if self.request_id in sample.preempted_ids:
             self.preemptions += 1
             self.preempted_waiting = True
+            self.lost = self.computed
             self.computed = 0  # its blocks went back: the prefill starts over
             self.chunks = 0
         if computed is None:
@@ -108,20 +116,42 @@ class RequestTrack:
         self.in_latest = True
 
 
+def elapsed_words(seconds: float) -> str:
+    """A running clock: "0.4 s", "12 s", "2 min 05 s"."""
+    if seconds < 10:
+        return f"{max(0.0, seconds):.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s"
+
+
 def status_of(
     track: RequestTrack | None,
     latest: StepSample | None,
     *,
     accepted: bool,
     done: bool = False,
+    now: float | None = None,
 ) -> RequestStatus:
     """The one description of where a request is."""
     if done:
         return RequestStatus("done", "done")
     if track is None or not accepted:
         return RequestStatus("sending", "sending")
+    if track.running is not None and now is not None:
+        c = track.running
+        return RequestStatus(
+            "prefilling",
+            f"prefilling (chunk {c.chunk} of {c.chunks}), "
+            f"{elapsed_words(now - track.running_since)}",
+        )
     if track.preempted_waiting:
-        return RequestStatus("preempted", f"preempted ×{track.preemptions}: waiting to run again")
+        redo = f", {track.lost:,} tokens to recompute" if track.lost else ""
+        return RequestStatus(
+            "preempted",
+            f"preempted ×{track.preemptions} (KV pool full{redo}): waiting to run again",
+        )
     if track.in_latest and track.computed < track.prompt_tokens:
         chunk = max(1, track.last_chunk)
         left = math.ceil((track.prompt_tokens - track.computed) / chunk)
@@ -153,16 +183,36 @@ class RequestTracker:
         default_factory=lambda: deque(maxlen=64)
     )
     latest: StepSample | None = None
+    running: StepStarted | None = None
+    """The step running now, when the engine announces steps (cleared when it ends)."""
+    now: Callable[[], float] = time.perf_counter
+    """The engine's clock, for how long the running step has run."""
 
     def accepted(self, request_id: str, prompt_tokens: int, submitted_at: float) -> RequestTrack:
         track = RequestTrack(request_id, prompt_tokens, submitted_at)
         self.tracks[request_id] = track
         for sample, held in self._recent:
             track.take(sample, held.get(request_id))
+        if self.running is not None:
+            self._mark_running(track, self.running)
         return track
+
+    def started(self, started: StepStarted) -> None:
+        self.running = started
+        for track in self.tracks.values():
+            self._mark_running(track, started)
+
+    @staticmethod
+    def _mark_running(track: RequestTrack, started: StepStarted) -> None:
+        track.running = next((c for c in started.chunks if c.request_id == track.request_id), None)
+        track.running_since = started.started_at
 
     def sample(self, sample: StepSample) -> None:
         self.latest = sample
+        if self.running is not None and (sample.idle or sample.step >= self.running.step):
+            self.running = None
+            for track in self.tracks.values():
+                track.running = None
         held = {b.request_id: b.num_tokens for b in sample.blocks}
         self._recent.append((sample, held))
         for rid, track in self.tracks.items():
@@ -178,7 +228,13 @@ class RequestTracker:
         return self.tracks.pop(request_id, None)
 
     def status(self, request_id: str, *, accepted: bool, done: bool = False) -> RequestStatus:
-        return status_of(self.tracks.get(request_id), self.latest, accepted=accepted, done=done)
+        return status_of(
+            self.tracks.get(request_id),
+            self.latest,
+            accepted=accepted,
+            done=done,
+            now=self.now() if self.running is not None else None,
+        )
 
     def clear(self) -> None:
         self.tracks.clear()

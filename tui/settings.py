@@ -15,6 +15,8 @@ from typing import Any
 
 import platformdirs
 
+from engine.paths import private_dir, write_private
+
 CONFIG_DIR_ENV = "KVSCOPE_CONFIG_DIR"
 SETTINGS_FILE = "settings.json"
 DEFAULT_THEME = "kvscope-dark"
@@ -101,7 +103,7 @@ class AppSettings:
         tells the user.
         """
         path = self.path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         data: dict[str, Any] = {}
         if only is not None:
             data = self._current_file(path)
@@ -109,10 +111,7 @@ class AppSettings:
             data.update({key: mine[key] for key in only if key in mine})
         else:
             data = self.to_dict()
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", "utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_private(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     @staticmethod
     def _current_file(path: Path) -> dict[str, Any]:
@@ -126,5 +125,5 @@ class AppSettings:
             data = None
         if isinstance(data, dict):
             return data
-        path.with_suffix(".json.bad").write_text(raw, "utf-8")
+        write_private(path.with_suffix(".json.bad"), raw)
         return {}

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bench.sweep_result import SweepConfig
+from roofline.floors import floor_share_words
 from tui import axes
-from tui.plotting import Figure, Series
+from tui.figures import LOG_LABEL
+from tui.plotting import Figure, Series, log10_series
 from tui.sweep_overlay import overlay_series
 
 if TYPE_CHECKING:
@@ -125,14 +127,30 @@ def sweep_figures(
     def figure(all_series: list[Series]) -> Figure | None:
         if not all_series:
             return None
-        top = max(max(s.ys) for s in all_series if s.ys)
+        values = [y for s in all_series for y in s.ys]
+        if axes.ranges_differ([s.ys for s in all_series]):
+            # A floor 20x under the measurements, or a p99 spike 15x over the median,
+            # would lay the smaller on the zero row of a linear axis: log10, named so.
+            return Figure(
+                tuple(log10_series(s) for s in all_series),
+                xaxis=axes.token_axis(right, columns),
+                yaxis=axes.log_duration_axis(min(values), max(values)),
+                label=LOG_LABEL,
+            )
         return Figure(
             tuple(all_series),
             xaxis=axes.token_axis(right, columns),
-            yaxis=axes.duration_axis(top, axes.plot_rows(rows, xlabel=False)),
+            yaxis=axes.duration_axis(max(values), axes.plot_rows(rows, xlabel=False)),
         )
 
     return figure(ttft), figure(itl)
+
+
+def floor_cell(point: SweepPoint, key: str) -> str:
+    """A "% floor" cell: "43%", "–" without a floor, and "beaten ✗" for a measurement
+    faster than its floor (a wrong calibration, never a share over 100%)."""
+    words = floor_share_words(point.value(key), short=True)
+    return "–" if words == "-" else words
 
 
 def run_label(done: int, config: SweepConfig) -> str:

@@ -22,12 +22,19 @@ from typing import TYPE_CHECKING
 
 from engine.stats import percentile
 from tui.host_watch import HostWatch
+from tui.preemption import Preemption, cost_of, observe
 from tui.request_status import RequestStatus, RequestTrack, RequestTracker
 from tui.timeline import Timeline
 from tui.token_explainer import TokenMark, explain_token
 
 if TYPE_CHECKING:
-    from engine.events import RequestAccepted, RequestFinished, StepSample, TokenEvent
+    from engine.events import (
+        RequestAccepted,
+        RequestFinished,
+        StepSample,
+        StepStarted,
+        TokenEvent,
+    )
 
 KV_WINDOW_S = 60.0
 """The KV-usage plot shows the last minute of engine time, like btop, not the session."""
@@ -77,6 +84,10 @@ class Telemetry:
         self.itl_ms: deque[float] = deque(maxlen=itl)
         self.points: deque[LatencyPoint] = deque(maxlen=points)
         self.preemptions_total = 0
+        self.preemption: Preemption | None = None
+        """The latest preemption, explained (tui/preemption.py); kept until the next one."""
+        self.preemption_t: float | None = None  # its time on the KV plot's clock
+        self._victim_token_at: float | None = None  # the victim's next token, once seen
         self.t0: float | None = None
         self.steps_version = 0
         self.itl_version = 0
@@ -92,6 +103,15 @@ class Telemetry:
         """The token the ITL plot and the timeline point at (None: no cursor shown)."""
 
     # -- from the engine -------------------------------------------------------------------
+    @property
+    def running(self) -> StepStarted | None:
+        """The step the engine is running now, when it announces steps."""
+        return self.requests.running
+
+    def step_started(self, started: StepStarted) -> None:
+        self.requests.started(started)
+        self.steps_version += 1
+
     def add_sample(self, sample: StepSample) -> None:
         if self.t0 is None:
             self.t0 = sample.started_at
@@ -100,6 +120,10 @@ class Telemetry:
         self.kv_pct.append(sample.kv_usage * 100.0)
         if sample.preemptions:
             self.preempt_t.append(t)
+            # Read before the tracks take the sample in: they forget what the victim held.
+            self.preemption = observe(self.latest, sample, self.requests.tracks)
+            self.preemption_t = t
+            self._victim_token_at = None
         self.latest = sample
         self.requests.sample(sample)
         self.host.add_sample(sample)
@@ -107,6 +131,7 @@ class Telemetry:
             self._prefill.append((sample.prefill_tokens, sample.duration_s))
         self.preemptions_total += sample.preemptions
         self.timeline.sample(sample)
+        self._settle_cost()
         self.steps_version += 1
 
     def add_accepted(self, event: RequestAccepted) -> None:
@@ -132,6 +157,32 @@ class Telemetry:
             self.itl_version += 1
         if event.request_id == self.itl_request:
             self._mark_tokens(event)
+        p = self.preemption
+        if (
+            p is not None
+            and self._victim_token_at is None
+            and event.time_s > p.at
+            and any(v.request_id == event.request_id for v in p.victims)
+        ):
+            self._victim_token_at = event.time_s
+            self._victim_id = event.request_id
+            self._settle_cost()
+
+    def _settle_cost(self) -> None:
+        """Put the preemption's cost on it once the victim's token and the steps up to
+        it are both in (they arrive by different paths, in either order)."""
+        p, at = self.preemption, self._victim_token_at
+        if p is None or at is None or p.cost is not None:
+            return
+        end = self.timeline.latest_end
+        if end is None or end < at - 1e-9:
+            return
+        cost = cost_of(p, self._victim_id, at, self.timeline)
+        if cost is not None:
+            self.preemption = p.with_cost(cost)
+            self.steps_version += 1
+
+    _victim_id: str = ""
 
     def _mark_tokens(self, event: TokenEvent) -> None:
         # Tokens that came in one event share its step and time; the first carries the
@@ -211,6 +262,8 @@ class Telemetry:
         self._prefill.clear()
         self.timeline.clear()
         self.preemptions_total = 0
+        self.preemption = None
+        self.preemption_t = None
         self.steps_version += 1
         self.itl_version += 1
         self.points_version += 1
@@ -239,6 +292,7 @@ class Telemetry:
             timeline=self.timeline,
             request_id=self.itl_request,
             finish=self.tracked_finish,
+            host=self.host,
         )
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from engine.events import RequestFinished, TtftAnatomy
+    from tui.host_watch import HostWatch
     from tui.timeline import StepRecord, Timeline
 
 
@@ -34,15 +35,19 @@ def explain_token(
     timeline: Timeline,
     request_id: str | None,
     finish: RequestFinished | None,
+    host: HostWatch | None = None,
 ) -> str:
     """Why token `index` of the tracked reply (`request_id`, its `tokens` and, once over,
-    its `finish`) took as long as it did, in one line."""
+    its `finish`) took as long as it did, in one line; `host` names a busy host.
+
+    Tokens are numbered from 1, as the reply's footer counts them ("output 256 tokens"):
+    index 0 is "token 1 of 256"."""
     if not 0 <= index < len(tokens):
         return "no token there yet"
     mark = tokens[index]
     if index == 0:
-        return _explain_first(mark, finish)
-    head = f"token {index} waited {fmt.ms(mark.latency_s)}"
+        return _explain_first(mark, finish, len(tokens))
+    head = f"{token_name(index, len(tokens))} waited {fmt.ms(mark.latency_s)}"
     if not timeline.per_request:
         return (
             f"{head}: this engine does not show its steps (a remote server), "
@@ -85,18 +90,31 @@ def explain_token(
         return f"{head}: {where} also ran {_prefill_words(prefills)}"
     decoders = sum(1 for _, _, d in record.work if d > 0)
     took = record.duration_s
-    words = (
-        f"{head}: step {record.step:,} decoded {fmt.count(decoders, 'request')} ({fmt.ms(took)})"
-    )
+    did = f"step {record.step:,} decoded {fmt.count(decoders, 'request')}"
+    busy = host.stall_words(decoders, took) if host is not None else None
+    # The step's own time is said only when it is not the wait already said.
+    whole = took >= 0.9 * mark.latency_s
+    if busy is not None:
+        took_words = "took it all" if whole else f"took {fmt.ms(took)} of it"
+        return f"{head}: {busy}; {did} and {took_words}"
+    if whole:
+        return f"{head}: {did}, and that was the whole wait"
+    words = f"{head}: {did} in {fmt.ms(took)}"
     if took < 0.5 * mark.latency_s:
         words += "; the rest passed between steps, outside the engine"
     return words
 
 
-def _explain_first(mark: TokenMark, finish: RequestFinished | None) -> str:
+def token_name(index: int, count: int) -> str:
+    """ "token 213 of 256" for output index 212: counted from 1, as the footer counts."""
+    return f"token {index + 1:,} of {count:,}"
+
+
+def _explain_first(mark: TokenMark, finish: RequestFinished | None, count: int) -> str:
+    head = f"{token_name(0, count)} is the first"
     if finish is not None and finish.anatomy is not None:
-        return f"token 0 is the first: {anatomy_words(finish.anatomy, finish.ttft_s)}"
-    return f"token 0 is the first: TTFT {fmt.ms(mark.latency_s)}"
+        return f"{head}: {anatomy_words(finish.anatomy, finish.ttft_s)}"
+    return f"{head}: TTFT {fmt.ms(mark.latency_s)}"
 
 
 def _prefills(records: list[StepRecord], me: str | None) -> list[tuple[str, int]]:
@@ -127,12 +145,13 @@ def _prefill_words(prefills: list[tuple[str, int]]) -> str:
 
 
 def anatomy_parts(anatomy: TtftAnatomy, ttft_s: float | None = None) -> tuple[str, ...]:
-    """("TTFT 2.31 s = queue 0.05", "prefill 1.90 (4 chunks)", "others 0.36"): the terms
+    """("TTFT 2,310 ms = queue 50", "prefill 1,900 (4 chunks)", "others 360"): the terms
     of the sum, each in the total's unit and precision, so that they read as one sum."""
     total = ttft_s if ttft_s is not None else anatomy.total_s
-    unit, scale, places = ("s", 1.0, 2) if total >= 1.0 else ("ms", 1000.0, 1)
-    if unit == "ms" and total >= 0.1:
-        places = 0  # as the footer's "TTFT 112 ms"
+    # Milliseconds at fmt.ms's precision, as the footer above prints "TTFT 2,630 ms":
+    # one unit in one footer, never "2,630 ms" over "2.63 s".
+    unit, scale = "ms", 1000.0
+    places = 0 if total >= 0.1 else 1 if total >= 0.01 else 2
 
     def num(value: float) -> str:
         value = max(0.0, value) * scale  # a share computed as a difference can be -1e-18
@@ -149,5 +168,5 @@ def anatomy_parts(anatomy: TtftAnatomy, ttft_s: float | None = None) -> tuple[st
 
 
 def anatomy_words(anatomy: TtftAnatomy, ttft_s: float | None = None) -> str:
-    """ "TTFT 2.31 s = queue 0.05 + prefill 1.90 (4 chunks) + others 0.36"."""
+    """ "TTFT 2,310 ms = queue 50 + prefill 1,900 (4 chunks) + others 360"."""
     return " + ".join(anatomy_parts(anatomy, ttft_s))

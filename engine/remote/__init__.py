@@ -14,7 +14,24 @@ Without --kv-events-config the block map shows occupancy only; without
 
 from __future__ import annotations
 
-from engine.remote.engine import REMOTE_LIMITS, RemoteEngine
-from engine.remote.kv_events import KV_EVENTS_FLAGS
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.remote.engine import REMOTE_LIMITS, RemoteEngine
+    from engine.remote.kv_events import KV_EVENTS_FLAGS
 
 __all__ = ["KV_EVENTS_FLAGS", "REMOTE_LIMITS", "RemoteEngine"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the CLI's parsers read engine.remote.timeouts for --help,
+    # which must not pay for httpx, ZMQ and prometheus_client.
+    if name in ("REMOTE_LIMITS", "RemoteEngine"):
+        from engine.remote import engine
+
+        return getattr(engine, name)
+    if name == "KV_EVENTS_FLAGS":
+        from engine.remote import kv_events
+
+        return kv_events.KV_EVENTS_FLAGS
+    raise AttributeError(f"module 'engine.remote' has no attribute {name!r}")

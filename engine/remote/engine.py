@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -53,15 +53,19 @@ from engine.events import (
 from engine.features import REMOTE_DEVICE_PREFIX, EngineFeatures
 from engine.listeners import Listeners, StepListeners
 from engine.remote.client import (
+    EventTooLarge,
     ServerAnswer,
     ServerClient,
+    ServerUrl,
     SseDecoder,
+    answer_words,
     auth_headers,
     describe,
     error_message,
-    normalize_url,
+    parse_server_url,
     parse_too_long,
     resolve_api_key,
+    transport_failure,
     url_host,
 )
 from engine.remote.kv_events import (
@@ -82,11 +86,13 @@ from engine.remote.metrics import (
 )
 from engine.remote.prompts import RemotePrompts
 from engine.remote.streaming import ReplyAssembler, StreamError
+from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts, Wait, Watchdog
 from engine.request_book import LiveRequest, RequestBook, RequestTimes, check_prompt_length
+from engine.visible_text import visible
 
 if TYPE_CHECKING:
     import concurrent.futures
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 log = logging.getLogger("kvscope")
 
@@ -100,6 +106,8 @@ REMOTE_LIMITS = (
     "share one time.",
 )
 UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
+# No model has a context near this; a claim past it is a lie or a bug, not a length.
+MAX_CLAIMED_CONTEXT = 2**40
 
 
 @dataclass(eq=False)
@@ -112,7 +120,10 @@ class RemoteEngine:
     """A running `vllm serve` behind kvscope's Engine protocol.
 
     `url` is the server's root (`http://host:8000`; a trailing `/v1` is fine). The API key
-    is `api_key`, else VLLM_API_KEY, else OPENAI_API_KEY. `kv_events` is "auto" (ask the
+    is `api_key`, else VLLM_API_KEY, else OPENAI_API_KEY; credentials in the URL itself
+    (`http://user:password@host`) are sent as Basic auth instead, and are never part of
+    `url` once it is parsed. `timeouts` bounds every wait on the server (see
+    engine/remote/timeouts.py). `kv_events` is "auto" (ask the
     server's /kv_event_sources), None (off), or the endpoint the server was given in
     `--kv-events-config` (a wildcard one is reached at the server's host; a concrete
     tcp address is bound here, because vLLM's PUB socket connects to it).
@@ -122,7 +133,7 @@ class RemoteEngine:
 
     def __init__(
         self,
-        url: str,
+        url: str | ServerUrl,
         *,
         api_key: str | None = None,
         served_model_name: str | None = None,
@@ -130,18 +141,27 @@ class RemoteEngine:
         metrics_path: str = "/metrics",
         scrape_interval_s: float = 0.2,
         verify: bool | str = True,
-        timeout_s: float = 10.0,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
         session_id: str | None = None,
         report_cache_hits: bool = True,
     ) -> None:
-        self.url = normalize_url(url)
-        self.api_key = resolve_api_key(api_key)
+        where = url if isinstance(url, ServerUrl) else parse_server_url(url)
+        if where.authorization and api_key:
+            raise BadOption(
+                "--api-key",
+                "the --url carries a user and password too, and both would be the "
+                "Authorization header: give one of them",
+            )
+        self._where = where
+        self.url = where.root  # never the credentials: this is printed and written
+        # A key in the environment does not beat credentials written into the URL.
+        self.api_key = None if where.authorization else resolve_api_key(api_key)
         self.served_model_name = served_model_name
         self.kv_events_setting = kv_events
         self.metrics_path = metrics_path
         self.scrape_interval_s = scrape_interval_s
         self.verify = verify
-        self.timeout_s = timeout_s
+        self.timeouts = timeouts
         self.report_cache_hits = report_cache_hits
         self.session_id = session_id or self._new_session_name()
         self.model = ""
@@ -155,6 +175,8 @@ class RemoteEngine:
         self._scraper: MetricsScraper | None = None
         self._scrape_client: ServerClient | None = None
         self._scrape_status = ScrapeStatus(True, False, "not attached yet")
+        self._bad_at_attach = 0  # /metrics samples dropped at attach (the scraper counts on)
+        self._first_bad = ""
         self._last_scrape: ScrapeSample | None = None
         self._index = PrefixCacheIndex()
         self._kv: KvEventSubscriber | None = None
@@ -187,7 +209,7 @@ class RemoteEngine:
         report = progress or (lambda _p: None)
         self.shutdown()
         report(LoadProgress(f"connecting to {self.url}", 0.1))
-        control = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=self.timeout_s)
+        control = self._client()
         try:
             model, max_len, root = self._pick_model(control)
             report(LoadProgress("reading the KV pool from /metrics", 0.4))
@@ -195,13 +217,14 @@ class RemoteEngine:
             self._scrape_status = ScrapeStatus(True, False, "")
             try:
                 parsed = parse_metrics(control.text(self.metrics_path))
+                self._bad_at_attach, self._first_bad = parsed.bad, parsed.first_bad
                 self._cache = cache_info(parsed)
                 if parsed.has_vllm:
                     self._last_scrape = state.update(parsed, time.perf_counter(), self._cache)
                     self._scrape_status = ScrapeStatus(True, True, "")
                 else:
                     self._scrape_status = self._metrics_missing(None)
-            except (KvscopeError, ServerAnswer, ValueError) as exc:
+            except (KvscopeError, ServerAnswer, ValueError, ArithmeticError) as exc:
                 if isinstance(exc, AuthRequired | ServerUnreachable):
                     raise
                 self._cache = None
@@ -222,16 +245,25 @@ class RemoteEngine:
         report(LoadProgress("ready", 1.0))
         return self._card
 
+    def _client(self, timeout: httpx.Timeout | None = None) -> ServerClient:
+        return ServerClient(
+            self._where, self.api_key, verify=self.verify, timeouts=self.timeouts, timeout=timeout
+        )
+
     def _pick_model(self, control: ServerClient) -> tuple[str, int, str]:
         try:
             models = control.models()
         except ServerAnswer as exc:
-            raise EngineStartFailed(
-                f"{self.url}/v1/models answered HTTP {exc.status}: {exc.message}"
-            ) from exc
+            raise EngineStartFailed(f"{self.url}/v1/models answered {exc.words}") from exc
         if not models:
             raise EngineStartFailed(f"the server at {self.url} serves no model")
-        names = [str(m.get("id")) for m in models]
+        for m in models:
+            if not isinstance(m.get("id"), str) or not m["id"]:
+                raise EngineStartFailed(
+                    f"{self.url}/v1/models lists a model with no id (it gives "
+                    f"{', '.join(sorted(map(str, m))) or 'nothing'}); is this a vLLM server?"
+                )
+        names = [str(m["id"]) for m in models]
         if self.served_model_name:
             if self.served_model_name not in names:
                 raise BadOption(
@@ -243,11 +275,21 @@ class RemoteEngine:
         else:
             chosen = models[0]
         max_len = chosen.get("max_model_len")
-        if not isinstance(max_len, int):
+        if max_len is None:
             raise EngineStartFailed(
                 f"{self.url}/v1/models gives no max_model_len; is this a vLLM server?"
             )
-        return str(chosen["id"]), max_len, str(chosen.get("root") or chosen["id"])
+        if (
+            not isinstance(max_len, int)
+            or isinstance(max_len, bool)
+            or not 0 < max_len <= MAX_CLAIMED_CONTEXT
+        ):
+            raise EngineStartFailed(
+                f"{self.url}/v1/models gives max_model_len {json.dumps(max_len)[:40]}, not a "
+                f"context length (a whole number of tokens from 1 to {MAX_CLAIMED_CONTEXT:,})"
+            )
+        root = chosen.get("root")
+        return str(chosen["id"]), max_len, root if isinstance(root, str) and root else chosen["id"]
 
     def _make_card(self, model: str, max_len: int, root: str) -> ModelCard:
         cache = self._cache
@@ -255,8 +297,8 @@ class RemoteEngine:
         if cache is None:
             unknown += ["block_size", "total_blocks"]
         return ModelCard(
-            name=model,
-            path=root,
+            name=visible(model),  # shown on screen; requests name `model` as the server does
+            path=visible(root),
             dtype="unknown",
             num_layers=0,
             num_kv_heads=0,
@@ -307,9 +349,9 @@ class RemoteEngine:
         async def make() -> httpx.AsyncClient:
             return httpx.AsyncClient(
                 base_url=self.url,
-                headers=auth_headers(self.api_key),
+                headers=auth_headers(self.api_key, self._where.authorization),
                 verify=self.verify,
-                timeout=httpx.Timeout(self.timeout_s, read=None),
+                timeout=self.timeouts.streaming(),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
             )
 
@@ -377,16 +419,25 @@ class RemoteEngine:
         return "/v1/chat/completions", body
 
     async def _run(self, live: _Live) -> None:
-        """On the IO loop: one request from POST to RequestFinished (or a typed error)."""
+        """On the IO loop: one request from POST to RequestFinished (or a typed error).
+
+        Every wait is bounded (see Timeouts): the first byte of the body within
+        first_byte_s of the request, each later read within between_chunks_s of the last.
+        """
         rid = live.request.request_id
         ids = live.request.prompt_token_ids
         reply = ReplyAssembler(live.times, len(ids) if ids is not None else None)
         path, body = self._body(live)
         http = self._http
         assert http is not None
+        limits = self.timeouts
+        waiting: Wait = "first byte"
         answered = False
         try:
-            async with http.stream("POST", path, json=body) as response:
+            async with (
+                Watchdog(limits.first_byte_s) as timer,
+                http.stream("POST", path, json=body) as response,
+            ):
                 answered = True
                 if response.status_code != 200:
                     raise await self._refusal(live, response)
@@ -394,15 +445,25 @@ class RemoteEngine:
                 if accepted is not None:
                     live.put_threadsafe(accepted)
                 decoder = SseDecoder()
-                async for raw in response.aiter_bytes():
-                    arrived = time.perf_counter()  # one time for all of this read
-                    for data in decoder.feed(raw):
-                        if data.strip() == "[DONE]":
-                            live.put_threadsafe(reply.finish(time.perf_counter()))
-                            self._saw_timings(reply)
-                            return
-                        for event in reply.on_chunk(json.loads(data), arrived):
-                            live.put_threadsafe(event)
+                # Closed here, not when collected: by then the IO loop may be gone. (It is
+                # an async generator; httpx's annotation says only AsyncIterator.)
+                reads = cast("AsyncGenerator[bytes, None]", response.aiter_bytes())
+                async with contextlib.aclosing(reads) as chunks:
+                    async for raw in chunks:
+                        arrived = time.perf_counter()  # one time for all of this read
+                        waiting = "between chunks"
+                        timer.reschedule(limits.between_chunks_s)
+                        for data in decoder.feed(raw):
+                            if data.strip() == "[DONE]":
+                                live.put_threadsafe(reply.finish(time.perf_counter()))
+                                self._saw_timings(reply)
+                                return
+                            chunk = json.loads(data)
+                            if not isinstance(chunk, dict):
+                                kind = type(chunk).__name__
+                                raise TypeError(f"a chunk of type {kind}, not an object")
+                            for event in reply.on_chunk(chunk, arrived):
+                                live.put_threadsafe(event)
             if reply.finished_by_server:
                 live.put_threadsafe(reply.finish(time.perf_counter()))
                 return
@@ -413,9 +474,13 @@ class RemoteEngine:
             if not live.done:
                 live.put_threadsafe(reply.finish(time.perf_counter(), "abort"))
             raise
+        except TimeoutError:
+            live.put_threadsafe(
+                ServerStalled(self.url, waiting, limits.limit(waiting), reply.tokens)
+            )
         except StreamError as exc:
             live.put_threadsafe(
-                RequestRejected(rid, f"the server stopped the reply: {exc.message}")
+                RequestRejected(rid, f"the server stopped the reply: {visible(exc.message)}")
             )
         except KvscopeError as exc:
             live.put_threadsafe(exc)
@@ -423,10 +488,13 @@ class RemoteEngine:
             if answered:
                 live.put_threadsafe(ConnectionLost(reply.tokens, self.url, describe(exc)))
             else:
-                live.put_threadsafe(ServerUnreachable(self.url, describe(exc)))
+                live.put_threadsafe(transport_failure(self.url, exc, limits))
         except httpx.TransportError as exc:
             live.put_threadsafe(ConnectionLost(reply.tokens, self.url, describe(exc)))
-        except ValueError as exc:  # a chunk that is not JSON
+        except EventTooLarge as exc:
+            live.put_threadsafe(ConnectionLost(reply.tokens, self.url, str(exc)))
+        except (ValueError, TypeError, ArithmeticError, AttributeError, RecursionError) as exc:
+            # a chunk that is not a chunk: not JSON, nested past the parser, not an object
             live.put_threadsafe(ConnectionLost(reply.tokens, self.url, f"garbled stream: {exc}"))
         except Exception as exc:  # never leave the consumer waiting
             log.exception("kvscope: remote request failed")
@@ -439,7 +507,8 @@ class RemoteEngine:
         """The typed error for a non-200 answer to a request."""
         body = await response.aread()
         if response.status_code in (401, 403):
-            return AuthRequired(self.url, response.status_code, key_sent=bool(self.api_key))
+            key_sent = bool(self.api_key or self._where.authorization)
+            return AuthRequired(self.url, response.status_code, key_sent=key_sent)
         message = error_message(body)
         too_long = parse_too_long(message) if response.status_code == 400 else None
         card = self._card
@@ -457,9 +526,8 @@ class RemoteEngine:
             if count is None:
                 count = too_long.lower_bound or limit
             return PromptTooLong(count, limit)
-        return RequestRejected(
-            live.request.request_id, f"HTTP {response.status_code}: {message[:300]}"
-        )
+        words = answer_words(response.status_code, message[:300], response.headers.get("location"))
+        return RequestRejected(live.request.request_id, words)
 
     async def _exact_prompt_tokens(self, live: _Live) -> int | None:
         """The server stops counting a long chat at max_model_len + 1: ask /tokenize."""
@@ -506,9 +574,7 @@ class RemoteEngine:
         try:
             return call()
         except ServerAnswer as exc:
-            raise EngineStartFailed(
-                f"{self.url}/tokenize answered HTTP {exc.status}: {exc.message}"
-            ) from exc
+            raise EngineStartFailed(f"{self.url}/tokenize answered {exc.words}") from exc
 
     # -- sessions (one per chat; KV events name the session that stored each block) ---------
     @staticmethod
@@ -538,7 +604,7 @@ class RemoteEngine:
         return self._last_scrape
 
     def _start_scraper(self, state: ScrapeState) -> None:
-        client = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=5.0)
+        client = self._client(self.timeouts.scrape())
         path = self.metrics_path
         self._scraper = MetricsScraper(
             fetch=lambda: client.text(path),
@@ -579,14 +645,16 @@ class RemoteEngine:
         self.attachments += 1
         if self._kv is not None:
             self._kv.reset()
-        client = ServerClient(self.url, self.api_key, verify=self.verify, timeout_s=5.0)
+        client = self._client(self.timeouts.scrape())
         try:
             model, max_len, _root = self._pick_model(client)
-            if self._card is not None and (model, max_len) != (
+            if self._card is not None and (visible(model), max_len) != (
                 self._card.name,
                 self._card.max_model_len,
             ):
-                self._card = dataclasses.replace(self._card, name=model, max_model_len=max_len)
+                self._card = dataclasses.replace(
+                    self._card, name=visible(model), max_model_len=max_len
+                )
                 self.model = model
         except (KvscopeError, ServerAnswer) as exc:
             log.info("kvscope: re-attach to %s: %s", self.url, exc)
@@ -675,14 +743,29 @@ class RemoteEngine:
 
     # -- what can be shown -----------------------------------------------------------------------
     @property
+    def bad_samples(self) -> tuple[int, str]:
+        """/metrics samples dropped since attach, and why the first one was."""
+        scraper = self._scraper
+        count = self._bad_at_attach + (scraper.bad_samples if scraper else 0)
+        return count, self._first_bad or (scraper.first_bad if scraper else "")
+
+    def _bad_samples_note(self) -> str:
+        count, first = self.bad_samples
+        if not count:
+            return ""
+        s = "" if count == 1 else "s"
+        return f"{count:,} bad sample{s} from /metrics dropped (the first: {first})."
+
+    @property
     def capabilities(self) -> RemoteCapabilities:
         status = self._scrape_status
         kv = self._kv
+        bad = self._bad_samples_note()
         return RemoteCapabilities(
             url=self.url,
             reachable=status.reachable,
             metrics=status.available,
-            metrics_note=status.note,
+            metrics_note=" ".join(n for n in (status.note, bad) if n),
             kv_events=kv is not None and kv.receiving,
             kv_events_note=self._kv_events_note(),
             server_timings=self._server_timings,

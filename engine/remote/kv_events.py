@@ -13,12 +13,19 @@ Replay: a DEALER sends `[b"", start_seq]` to the server's ROUTER, which answers
 What this can rebuild is the prefix-cache *index*: which block hashes the server holds,
 their parents, and which session stored them. It cannot rebuild the physical block map:
 no event carries a block ID, a request ID, or a free/in-use state.
+
+Every field of every event is checked before it is used (`_event`): an event that fails
+is dropped and counted, the rest of its batch kept, and the thread reads on. Memory is
+bounded whatever a publisher sends: a frame is at most MAX_FRAME_BYTES (ZMQ drops the
+peer otherwise), at most RECEIVE_QUEUE messages wait, an event names at most
+MAX_HASHES_PER_EVENT blocks, and the index holds at most MAX_INDEX_BLOCKS.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -44,7 +51,21 @@ NO_EVENTS = (
 )
 END_SEQ = -1
 
+# A step's batch of events is some KB (a 64k-token prefill, about 250 KB); nothing a server
+# sends is near 4 MiB, and 64 of them queued are a quarter GiB at the very most.
+MAX_FRAME_BYTES = 4 * 1024**2
+RECEIVE_QUEUE = 64
+MAX_HASHES_PER_EVENT = 1 << 16
+MAX_BLOCK_SIZE = 1 << 20
+MAX_HASH_BYTES = 64
+MAX_INDEX_BLOCKS = 1 << 18
+REPLAY_EVERY_S = 2.0  # a flood of gaps must not become a flood of replays
+
 BlockHash = int | bytes
+
+
+class BadEvent(ValueError):
+    """An event whose fields are not what vLLM sends."""
 
 
 # -- decoding -----------------------------------------------------------------------------------
@@ -63,50 +84,104 @@ class KvBatch:
     ts: float
     events: tuple[KvEvent, ...]
     rank: int | None
+    bad: int = 0  # events dropped for fields vLLM never sends
+
+
+def _is_hash(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -(1 << 63) <= value < (1 << 64)  # vLLM's are 64-bit, signed or not
+    return isinstance(value, bytes) and 0 < len(value) <= MAX_HASH_BYTES
 
 
 def _hashes(value: Any) -> tuple[BlockHash, ...]:
-    if isinstance(value, list | tuple):
-        return tuple(h for h in value if isinstance(h, int | bytes))
-    return ()
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise BadEvent("block_hashes is not a list")
+    if len(value) > MAX_HASHES_PER_EVENT:
+        raise BadEvent(f"{len(value):,} block hashes in one event")
+    if not all(_is_hash(h) for h in value):
+        raise BadEvent("a block hash that is not a 64-bit number or a short byte string")
+    return tuple(value)
 
 
 def _hash(value: Any) -> BlockHash | None:
-    return value if isinstance(value, int | bytes) else None
+    if value is None:
+        return None
+    if not _is_hash(value):
+        raise BadEvent("parent_block_hash is not a block hash")
+    return value  # type: ignore[no-any-return]
+
+
+def _count(value: Any, what: str, limit: int) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise BadEvent(f"{what} is {str(value)[:20]}, not a whole number from 0 to {limit:,}")
+    return value
+
+
+def _num_tokens(tokens: Any, hashes: int) -> int:
+    if tokens is None:
+        return 0
+    if not isinstance(tokens, list):
+        raise BadEvent("token_ids is not a list")
+    # Only the count is kept: the IDs themselves are not looked at.
+    if len(tokens) > max(1, hashes) * MAX_BLOCK_SIZE:
+        raise BadEvent(f"{len(tokens):,} token IDs for {hashes:,} blocks")
+    return len(tokens)
+
+
+def _session(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 256:
+        raise BadEvent("session_id is not a short string")
+    return value
 
 
 def _event(raw: Any) -> KvEvent:
+    """One event, every field checked; raises BadEvent."""
     if isinstance(raw, dict):
-        tokens = raw.get("token_ids")
-        session = raw.get("session_id")
+        kind = raw.get("type")
+        if not isinstance(kind, str):
+            raise BadEvent("an event with no type")
+        hashes = _hashes(raw.get("block_hashes"))
         return KvEvent(
-            kind=str(raw.get("type", "?")),
-            block_hashes=_hashes(raw.get("block_hashes")),
+            kind=kind[:64],
+            block_hashes=hashes,
             parent_hash=_hash(raw.get("parent_block_hash")),
-            num_tokens=len(tokens) if isinstance(tokens, list) else 0,
-            block_size=int(raw.get("block_size") or 0),
-            session_id=session if isinstance(session, str) else None,
+            num_tokens=_num_tokens(raw.get("token_ids"), len(hashes)),
+            block_size=_count(raw.get("block_size"), "block_size", MAX_BLOCK_SIZE),
+            session_id=_session(raw.get("session_id")),
         )
     if isinstance(raw, list) and raw and isinstance(raw[0], str):
         # Array-like tagged events (other vLLM versions): [tag, block_hashes, ...].
-        kind = raw[0]
+        kind = raw[0][:64]
         if kind == "BlockStored" and len(raw) >= 5:
-            tokens = raw[3]
+            hashes = _hashes(raw[1])
             return KvEvent(
                 kind=kind,
-                block_hashes=_hashes(raw[1]),
+                block_hashes=hashes,
                 parent_hash=_hash(raw[2]),
-                num_tokens=len(tokens) if isinstance(tokens, list) else 0,
-                block_size=int(raw[4] or 0),
+                num_tokens=_num_tokens(raw[3], len(hashes)),
+                block_size=_count(raw[4], "block_size", MAX_BLOCK_SIZE),
             )
         if kind == "BlockRemoved" and len(raw) >= 2:
             return KvEvent(kind=kind, block_hashes=_hashes(raw[1]))
         return KvEvent(kind=kind)
-    return KvEvent(kind="?")
+    raise BadEvent("an event that is neither a map nor a tagged array")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def decode_batch(payload: bytes) -> KvBatch:
-    """One message's payload; raises ValueError if it is not an event batch."""
+    """One message's payload; raises ValueError if it is not an event batch. Events that
+    fail their checks are left out, and counted in the batch's `bad`."""
     try:
         obj = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as exc:
@@ -120,10 +195,19 @@ def decode_batch(payload: bytes) -> KvBatch:
         raise ValueError("not an event batch")
     if not isinstance(events, list):
         raise ValueError("event batch without an event list")
+    good: list[KvEvent] = []
+    bad = 0
+    for raw in events:
+        try:
+            good.append(_event(raw))
+        except BadEvent:
+            bad += 1
+    ok_rank = isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 1 << 16
     return KvBatch(
-        ts=float(ts) if isinstance(ts, int | float) else 0.0,
-        events=tuple(_event(e) for e in events),
-        rank=rank if isinstance(rank, int) else None,
+        ts=float(ts) if isinstance(ts, int | float) and _finite(ts) else 0.0,
+        events=tuple(good),
+        rank=rank if ok_rank else None,
+        bad=bad,
     )
 
 
@@ -155,7 +239,7 @@ class PrefixCacheIndex:
     Thread-safe: the subscriber thread applies batches, any thread may take a view.
     """
 
-    def __init__(self, max_blocks: int = 1_000_000) -> None:
+    def __init__(self, max_blocks: int = MAX_INDEX_BLOCKS) -> None:
         self.max_blocks = max_blocks
         self._blocks: OrderedDict[tuple[int, BlockHash], _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -336,6 +420,7 @@ class KvEventSubscriber:
         self.on_batch = on_batch
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._sub: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._reset = threading.Event()
@@ -343,8 +428,11 @@ class KvEventSubscriber:
         self.replayed = 0
         self.missed = 0
         self.restarts = 0
-        self.bad = 0
+        self.bad = 0  # messages that were no event batch
+        self.bad_events = 0  # events dropped from good batches (see `_event`)
+        self.dropped = 0  # connections ZMQ closed (a frame past MAX_FRAME_BYTES), dialled again
         self.problem = ""
+        self._replayed_at: dict[int, float] = {}  # rank -> when its last replay was asked
 
     @property
     def receiving(self) -> bool:
@@ -355,7 +443,8 @@ class KvEventSubscriber:
         self._ctx = zmq.Context()
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         try:
             for src in self.sources:
@@ -376,6 +465,10 @@ class KvEventSubscriber:
             )
             return self.problem
         self._sub = sub
+        if any(not src.bind for src in self.sources):
+            # A frame past MAXMSGSIZE makes ZMQ drop the connection and never dial again;
+            # the monitor tells the thread, which dials again itself.
+            self._monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="kvscope-kv-events", daemon=True)
         self._thread.start()
@@ -386,6 +479,12 @@ class KvEventSubscriber:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._monitor is not None:
+            if self._sub is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sub.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         if self._sub is not None:
             self._sub.close(linger=0)
             self._sub = None
@@ -402,14 +501,16 @@ class KvEventSubscriber:
         sub = self._sub
         assert sub is not None
         for src in self.sources:
-            self._replay(src, 0)  # what the server cached before we attached
+            self._replay_safely(src)  # what the server cached before we attached
         while not self._stop.is_set():
             if self._reset.is_set():
                 self._reset.clear()
                 self._forget_all()
                 for src in self.sources:
-                    self._replay(src, 0)  # rebuild from whatever the server still holds
+                    self._replay_safely(src)  # rebuild from whatever the server still holds
             try:
+                if self._monitor is not None and self._monitor.poll(0):
+                    self._redial()
                 if not sub.poll(200):
                     continue
                 frames = sub.recv_multipart(zmq.NOBLOCK)
@@ -418,11 +519,30 @@ class KvEventSubscriber:
                     return
                 time.sleep(0.1)
                 continue
-            if len(frames) != 3:
+            if len(frames) != 3 or len(frames[1]) != 8:
                 self.bad += 1
                 continue
             topic, seq_bytes, payload = frames
-            self._on_message(topic, int.from_bytes(seq_bytes, "big"), payload, replayed=False)
+            try:
+                self._on_message(topic, int.from_bytes(seq_bytes, "big"), payload, replayed=False)
+            except Exception:  # never the end of the thread: the next message may be fine
+                log.exception("kvscope: a KV-event message could not be applied")
+                self.bad += 1
+
+    def _redial(self) -> None:
+        """A connection we dialled was closed: dial every such source again."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        monitor, sub = self._monitor, self._sub
+        assert monitor is not None and sub is not None
+        while monitor.poll(0):
+            recv_monitor_message(monitor)
+        self.dropped += 1
+        for src in self.sources:
+            if not src.bind:
+                with contextlib.suppress(zmq.ZMQError):
+                    sub.disconnect(src.endpoint)
+                sub.connect(src.endpoint)
 
     def _forget_all(self) -> None:
         for rank in list(self._last):
@@ -442,6 +562,7 @@ class KvEventSubscriber:
         except ValueError:
             self.bad += 1
             return
+        self.bad_events += batch.bad
         if self.on_raw is not None:
             with contextlib.suppress(Exception):
                 self.on_raw(topic, seq, payload)
@@ -461,6 +582,9 @@ class KvEventSubscriber:
                 self.restarts += 1
                 last = None
             src = self._source(rank)
+            gap = (last is None and seq > 0) or (last is not None and seq > last + 1)
+            if gap and src is not None and not self._may_replay(rank):
+                src = None
             if last is None and seq > 0 and src is not None:
                 self._replay(src, 0)  # earlier batches, still in the server's buffer
                 last = self._last.get(rank)
@@ -477,11 +601,29 @@ class KvEventSubscriber:
             with contextlib.suppress(Exception):
                 self.on_batch(batch, rank)
 
+    def _replay_safely(self, src: EventSource) -> None:
+        try:
+            self._replay(src, 0)
+        except Exception:  # a replay that goes wrong must not end the thread
+            log.exception("kvscope: KV-event replay failed")
+            self.bad += 1
+
+    def _may_replay(self, rank: int) -> bool:
+        """At most one replay per rank every REPLAY_EVERY_S: in a flood, gaps are counted
+        as missed rather than each asked for again."""
+        now = time.monotonic()
+        if now - self._replayed_at.get(rank, -math.inf) < REPLAY_EVERY_S:
+            return False
+        self._replayed_at[rank] = now
+        return True
+
     def _replay(self, src: EventSource, start: int) -> None:
         if src.replay is None or self._ctx is None:
             return
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         try:
             dealer.connect(src.replay)
             dealer.send_multipart([b"", start.to_bytes(8, "big")])
@@ -492,7 +634,8 @@ class KvEventSubscriber:
                     log.info("kvscope: KV-event replay from %s timed out", src.replay)
                     return
                 frames = dealer.recv_multipart()
-                if len(frames) != 4:
+                if len(frames) != 4 or len(frames[2]) != 8:
+                    self.bad += 1
                     continue
                 _, topic, seq_bytes, payload = frames
                 seq = int.from_bytes(seq_bytes, "big", signed=True)

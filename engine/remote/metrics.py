@@ -4,12 +4,19 @@ Parsing is prometheus_client's own (`text_string_to_metric_families`); nothing h
 the text by hand. `ScrapeState` turns consecutive scrapes into ScrapeSamples: gauges as
 they are, counters as rates between scrapes, histograms as deltas since attach. Every
 metric carries an `engine` label (the data-parallel rank): each label gets its own row.
+
+Every vllm: sample is checked before it is kept (`_check`): a finite value, not below 0
+(a usage fraction at most 1), an `engine` label of plain ASCII, an `le` that is a number.
+One that fails is dropped and counted, never raised: a server's bad gauge must not stop
+the scrapes for the session. A line the parser cannot read costs only that line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,9 +56,17 @@ Labels = dict[str, str]
 
 @dataclass
 class ParsedMetrics:
-    """Every sample of one /metrics text, by sample name (`..._total`, `..._bucket`)."""
+    """Every good vllm: sample of one /metrics text, by sample name (`..._total`,
+    `..._bucket`), and how many were dropped as bad, with the first one's reason."""
 
     samples: dict[str, list[tuple[Labels, float]]] = field(default_factory=dict)
+    bad: int = 0
+    first_bad: str = ""
+
+    def drop(self, why: str) -> None:
+        self.bad += 1
+        if not self.first_bad:
+            self.first_bad = why[:200]
 
     def get(self, name: str) -> list[tuple[Labels, float]]:
         return self.samples.get(name, [])
@@ -61,11 +76,69 @@ class ParsedMetrics:
         return any(name.startswith("vllm:") for name in self.samples)
 
 
+# The label values kvscope reads as names: ASCII words, as vLLM writes them.
+_LABEL_WORD = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
+# Fractions of the pool: 1 plus rounding at most.
+_FRACTIONS = (KV_USAGE,)
+_FRACTION_SLACK = 1e-6
+
+
+def _check(name: str, labels: Labels, value: object) -> str | None:
+    """Why this vllm: sample cannot be used, or None if it can."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return f"{name} has a value that is not a number"
+    if not math.isfinite(value):
+        return f"{name} is {value}"
+    if value < 0:
+        return f"{name} is {value:g}, below 0"
+    if name in _FRACTIONS and value > 1 + _FRACTION_SLACK:
+        return f"{name} is {value:g}, above 1"
+    engine = labels.get("engine")
+    if engine is not None and not _LABEL_WORD.match(engine):
+        return f"{name} has an engine label {engine[:20]!r} that is not a plain name"
+    if "le" in labels:
+        try:
+            bound = float(labels["le"])
+        except ValueError:
+            return f"{name} has le={labels['le'][:20]!r}, not a number"
+        if math.isnan(bound):
+            return f"{name} has le=NaN"
+    return None
+
+
+def _families(text: str, parsed: ParsedMetrics) -> list[tuple[str, Labels, float]]:
+    """Every vllm: sample as the parser reads it; if one line stops the parser, each line
+    is read on its own, so that only the lines it cannot read are lost (and counted)."""
+    try:
+        return [
+            (s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("vllm:")
+        ]
+    except Exception:  # prometheus_client raises ValueError, TypeError, IndexError, ...
+        pass
+    out: list[tuple[str, Labels, float]] = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue  # comments, other exporters' samples: not read, so not checked
+        try:
+            for family in text_string_to_metric_families(line + "\n"):
+                out += [(s.name, dict(s.labels), s.value) for s in family.samples]
+        except Exception:
+            parsed.drop(f"a line the parser cannot read: {line[:60]!r}")
+    return out
+
+
 def parse_metrics(text: str) -> ParsedMetrics:
+    """The good vllm: samples of one /metrics text (see the module's docstring)."""
     parsed = ParsedMetrics()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            parsed.samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    for name, labels, value in _families(text, parsed):
+        why = _check(name, labels, value)
+        if why is not None:
+            parsed.drop(why)
+            continue
+        parsed.samples.setdefault(name, []).append((labels, float(value)))
     return parsed
 
 
@@ -91,11 +164,22 @@ class CacheInfo:
         return self.blocks_per_engine * max(1, len(self.engines))
 
 
-def _int(value: str | None) -> int | None:
+# Past these a pool is a lie: 2^20 tokens a block, 2^31 blocks.
+MAX_BLOCK_SIZE = 1 << 20
+MAX_BLOCKS = 1 << 31
+
+
+def _int(value: str | None, limit: int = 1 << 62) -> int | None:
+    """A whole number from 0 to `limit` from a label, else None (unknown)."""
+    if value is None or value in ("", "None"):
+        return None
     try:
-        return int(float(value)) if value not in (None, "", "None") else None
+        number = float(value)
     except ValueError:
         return None
+    if not math.isfinite(number) or not 0 <= number <= limit:
+        return None
+    return int(number)
 
 
 def cache_info(parsed: ParsedMetrics) -> CacheInfo | None:
@@ -103,8 +187,8 @@ def cache_info(parsed: ParsedMetrics) -> CacheInfo | None:
     if not rows:
         return None
     labels = rows[0][0]
-    block_size = _int(labels.get("block_size")) or 0
-    blocks = _int(labels.get("num_gpu_blocks")) or 0
+    block_size = _int(labels.get("block_size"), MAX_BLOCK_SIZE) or 0
+    blocks = _int(labels.get("num_gpu_blocks"), MAX_BLOCKS) or 0
     engines = tuple(sorted({lab.get("engine", "0") for lab, _ in rows}, key=_engine_key))
     caching = labels.get("enable_prefix_caching")
     return CacheInfo(
@@ -118,7 +202,8 @@ def cache_info(parsed: ParsedMetrics) -> CacheInfo | None:
 
 
 def _engine_key(engine: str) -> tuple[int, str]:
-    return (int(engine), "") if engine.isdigit() else (1 << 30, engine)
+    # isdigit() alone is true of "²", which int() refuses.
+    return (int(engine), "") if engine.isascii() and engine.isdigit() else (1 << 30, engine)
 
 
 @dataclass
@@ -373,6 +458,8 @@ class MetricsScraper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.status = ScrapeStatus(True, True, "")
+        self.bad_samples = 0  # dropped since attach (see `_check`)
+        self.first_bad = ""
 
     def start(self) -> None:
         self._stop.clear()
@@ -398,6 +485,8 @@ class MetricsScraper:
         except Exception as exc:
             self._set(self.classify(exc))
             return None
+        self.bad_samples += parsed.bad
+        self.first_bad = self.first_bad or parsed.first_bad
         if not parsed.has_vllm:
             self._set(
                 ScrapeStatus(
@@ -405,8 +494,14 @@ class MetricsScraper:
                 )
             )
             return None
-        cache = cache_info(parsed)
-        sample = self.state.update(parsed, time.perf_counter(), cache)
+        try:
+            cache = cache_info(parsed)
+            sample = self.state.update(parsed, time.perf_counter(), cache)
+        except Exception:  # checked samples should never get here; the thread lives on
+            log.exception("kvscope: a /metrics scrape could not be read")
+            self.bad_samples += 1
+            self.first_bad = self.first_bad or "a scrape that could not be read"
+            return None
         self._set(ScrapeStatus(True, True, ""))
         try:
             self.on_sample(sample, cache)
@@ -417,6 +512,10 @@ class MetricsScraper:
     def _run(self) -> None:
         while not self._stop.is_set():
             began = time.perf_counter()
-            sample = self.scrape_once()
+            try:
+                sample = self.scrape_once()
+            except Exception:  # a thread that dies of one scrape is a session without any
+                log.exception("kvscope: scrape failed")
+                sample = None
             wait = self.interval_s if sample is not None else self.retry_s
             self._stop.wait(max(0.0, wait - (time.perf_counter() - began)))

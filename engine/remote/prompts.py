@@ -12,6 +12,8 @@ import random
 import threading
 from typing import TYPE_CHECKING
 
+from engine.errors import KvscopeError, RequestRejected
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -28,6 +30,27 @@ FILLER_WORDS = (
     "ocean breeze pepper ginger butter cotton leather paper pencil basket ladder button "
     "camera guitar violin trumpet dragon falcon tiger rabbit turtle salmon spider monkey"
 )
+
+
+# The longest prompt kvscope builds: the longest context any served model has (Llama 4
+# Scout's 10M). A server that claims more (max_model_len 10^11) makes no prompt of that size.
+MAX_SYNTHETIC_TOKENS = 10_000_000
+
+
+class PromptTooBigToBuild(KvscopeError):
+    """A synthetic prompt past MAX_SYNTHETIC_TOKENS, refused before anything is built."""
+
+    def __init__(self, num_tokens: int, limit: int = MAX_SYNTHETIC_TOKENS) -> None:
+        super().__init__(num_tokens, limit)
+        self.num_tokens = num_tokens
+        self.limit = limit
+
+    def plain(self) -> str:
+        return (
+            f"A prompt of {self.num_tokens:,} tokens is past the {self.limit:,} kvscope builds "
+            "(the longest context any model has), whatever context the server claims; "
+            "ask for a shorter one."
+        )
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -81,10 +104,12 @@ class RemotePrompts:
         """Exactly `num_tokens` IDs: template head, seeded random filler, suffix, tail."""
         if num_tokens <= 0:
             raise ValueError("num_tokens must be positive")
+        if num_tokens > MAX_SYNTHETIC_TOKENS:
+            raise PromptTooBigToBuild(num_tokens)
         head, tail = self.frame()
         filler = self.filler()
         if not filler:
-            raise ValueError("the server's tokenizer gave no filler tokens")
+            raise RequestRejected("tokenize", "the server's tokenizer gave no filler tokens")
         if suffix:
             with self._lock:
                 user = self.client.tokenize_text(self.model, " " + suffix)

@@ -54,6 +54,7 @@ from engine.events import (
     UserMessage,
 )
 from engine.tape import errors as tape_errors
+from engine.tape import values as fv
 from engine.tape.errors import RecordedError
 
 if typing.TYPE_CHECKING:
@@ -72,9 +73,10 @@ class RecordInvalid(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """One fixed place in a record."""
+    """One fixed place in a record, and what it may hold (checked on every read)."""
 
     name: str  # the event's field of that name, where the record holds an event
+    value: fv.Value
     more: str = ""  # what the header says after the name, for a value packed its own way
     doc: str = ""  # what the docs say about its value, beyond the name
 
@@ -83,8 +85,8 @@ class Field:
         return self.name + self.more
 
 
-def _fields(*fields: str | Field) -> tuple[Field, ...]:
-    return tuple(Field(f) if isinstance(f, str) else f for f in fields)
+def _fields(*fields: tuple[str, fv.Value] | Field) -> tuple[Field, ...]:
+    return tuple(f if isinstance(f, Field) else Field(*f) for f in fields)
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,19 @@ class RecordLayout:
             record.append(extra)
         return record
 
+    @functools.cached_property
+    def _check(self) -> Callable[[list[Any]], bool]:
+        """Whether every field of a record (of the right length) holds what it may: one
+        function testing each in turn, built once, as dataclasses builds an __init__, so
+        that no loop runs per record (every step and every token is checked)."""
+        checks = {f"c{i}": f.value.check for i, f in enumerate(self.fields)}
+        body = " and ".join(f"c{i}(r[{i + 1}])" for i in range(len(self.fields)))
+        check: Callable[[list[Any]], bool] = eval(f"lambda r: {body}", checks)
+        return check
+
     def read(self, rec: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The record's fields by name, and its extra fields revived ({} when none)."""
+        """The record's fields by name, each checked against what it may hold, and its
+        extra fields revived ({} when none). Raises RecordInvalid naming the field."""
         size = len(self.fields) + 1
         if len(rec) == size:
             extra = None
@@ -138,6 +151,12 @@ class RecordLayout:
             extra = rec[size]
         else:
             raise RecordInvalid(f"a {rec[0]!r} record of {len(rec)} items (expected {size})")
+        if not self._check(rec):
+            bad = zip(self.fields, rec[1:size], strict=False)
+            f, item = next((f, x) for f, x in bad if not f.value.check(x))
+            raise RecordInvalid(
+                f"a {rec[0]!r} record whose {f.name} is {fv.shown(item)}, not {f.value.words}"
+            )
         values = dict(zip(self.names, rec[1:size], strict=False))  # the length is checked
         more = {} if extra is None or self.extras is None else _revive_extras(self.extras, extra)
         return values, more
@@ -147,28 +166,32 @@ LAYOUT: tuple[RecordLayout, ...] = (
     RecordLayout(
         "c",
         "the engine started (a restart writes another)",
-        _fields("at", Field("card", doc="the ModelCard, as an object")),
+        _fields(("at", fv.TIME), Field("card", fv.OBJECT, doc="the ModelCard, as an object")),
     ),
     RecordLayout(
         "s",
         "an engine step (StepSample)",
         _fields(
-            "step",
-            "started_at",
-            "duration_s",
-            "prefill_tokens",
-            "decode_tokens",
-            "running",
-            "waiting",
-            Field("kv_usage", doc="NaN when unknown, which may be written as null"),
-            "free_blocks",
-            "total_blocks",
-            "block_size",
-            Field("blocks", ": [request_id, num_tokens, block_ids or null when unchanged]"),
-            "preemptions",
-            "preempted_ids",
-            Field("work", ": [request_id, prefill_tokens, decode_tokens]"),
-            "waiting_ids",
+            ("step", fv.STEP_NUMBER),
+            ("started_at", fv.TIME),
+            ("duration_s", fv.SECONDS),
+            ("prefill_tokens", fv.COUNT),
+            ("decode_tokens", fv.COUNT),
+            ("running", fv.COUNT),
+            ("waiting", fv.COUNT),
+            Field("kv_usage", fv.KV_USAGE, doc="NaN when unknown, which may be written as null"),
+            ("free_blocks", fv.BLOCKS),
+            ("total_blocks", fv.BLOCKS),
+            ("block_size", fv.BLOCK_SIZE),
+            Field(
+                "blocks",
+                fv.REQUEST_BLOCKS,
+                ": [request_id, num_tokens, block_ids or null when unchanged]",
+            ),
+            ("preemptions", fv.COUNT),
+            ("preempted_ids", fv.TEXTS),
+            Field("work", fv.WORK, ": [request_id, prefill_tokens, decode_tokens]"),
+            ("waiting_ids", fv.TEXTS),
         ),
         extras=StepSample,
     ),
@@ -176,38 +199,52 @@ LAYOUT: tuple[RecordLayout, ...] = (
         "r",
         "stream() was called",
         _fields(
-            "at",
-            "request_id",
-            Field("messages", doc="[[role, content], ...]"),
-            Field("prompt_ids_len", doc="the prompt's token count when it was token IDs"),
-            Field("sampling", doc="[max_tokens, temperature, ignore_eos, seed]"),
+            ("at", fv.TIME),
+            ("request_id", fv.TEXT),
+            Field("messages", fv.MESSAGES, doc="[[role, content], ...]"),
+            Field(
+                "prompt_ids_len",
+                fv.OPT_COUNT,
+                doc="the prompt's token count when it was token IDs",
+            ),
+            Field("sampling", fv.SAMPLING, doc="[max_tokens, temperature, ignore_eos, seed]"),
         ),
     ),
     RecordLayout(
         "a",
         "the engine accepted the request (RequestAccepted)",
-        _fields("request_id", "prompt_tokens", "submitted_at"),
+        _fields(("request_id", fv.TEXT), ("prompt_tokens", fv.COUNT), ("submitted_at", fv.TIME)),
         extras=RequestAccepted,
     ),
     RecordLayout(
         "t",
         "tokens came (TokenEvent)",
-        _fields("request_id", "index", "token_ids", "text", "step", "time_s", "latency_s"),
+        _fields(
+            ("request_id", fv.TEXT),
+            ("index", fv.COUNT),
+            ("token_ids", fv.TOKEN_IDS),
+            ("text", fv.TEXT),
+            ("step", fv.STEP_NUMBER),
+            ("time_s", fv.TIME),
+            ("latency_s", fv.SECONDS),
+        ),
         extras=TokenEvent,
     ),
     RecordLayout(
         "f",
         "the request finished (RequestFinished)",
         _fields(
-            "at",
-            "request_id",
-            "reason",
-            "prompt_tokens",
-            "output_tokens",
-            "ttft_s",
-            Field("itl_s", " or null when it is the gaps between the token times"),
-            "e2e_s",
-            "preemptions",
+            ("at", fv.TIME),
+            ("request_id", fv.TEXT),
+            ("reason", fv.FINISH_REASON),
+            ("prompt_tokens", fv.COUNT),
+            ("output_tokens", fv.COUNT),
+            ("ttft_s", fv.OPT_SECONDS),
+            Field(
+                "itl_s", fv.OPT_SECONDS_LIST, " or null when it is the gaps between the token times"
+            ),
+            ("e2e_s", fv.SECONDS),
+            ("preemptions", fv.COUNT),
         ),
         extras=RequestFinished,
     ),
@@ -215,27 +252,44 @@ LAYOUT: tuple[RecordLayout, ...] = (
         "x",
         "the stream raised",
         _fields(
-            "at",
-            "request_id",
-            Field("error_type", doc="the exception's class name"),
-            Field("plain", doc="its words"),
-            Field("error_args", doc="its arguments, or null when they are not plain values"),
+            ("at", fv.TIME),
+            ("request_id", fv.TEXT),
+            Field("error_type", fv.TEXT, doc="the exception's class name"),
+            Field("plain", fv.TEXT, doc="its words"),
+            Field(
+                "error_args",
+                fv.PLAIN_ARGS,
+                doc="its arguments, or null when they are not plain values",
+            ),
         ),
     ),
-    RecordLayout("q", "the consumer stopped listening early", _fields("at", "request_id")),
+    RecordLayout(
+        "q",
+        "the consumer stopped listening early",
+        _fields(("at", fv.TIME), ("request_id", fv.TEXT)),
+    ),
     RecordLayout(
         "u",
         "the user sent a message (UserMessage)",
-        _fields("at", "text", "request_ids", "synthetic_tokens"),
+        _fields(
+            ("at", fv.TIME),
+            ("text", fv.TEXT),
+            ("request_ids", fv.TEXTS),
+            ("synthetic_tokens", fv.OPT_COUNT),
+        ),
     ),
-    RecordLayout("n", "a new chat began", _fields("at")),
+    RecordLayout("n", "a new chat began", _fields(("at", fv.TIME))),
     RecordLayout(
         "e",
         "recording ended",
         _fields(
-            "at",
-            Field("reason", doc='"closed"; "cap" at the size cap; "error" when a write failed'),
-            "detail",
+            ("at", fv.TIME),
+            Field(
+                "reason",
+                fv.TEXT,
+                doc='"closed"; "cap" at the size cap; "error" when a write failed',
+            ),
+            ("detail", fv.TEXT),
         ),
     ),
 )
@@ -436,33 +490,19 @@ def _extras(obj: Any) -> dict[str, Any] | None:
     return extra
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def revive(hint: Any, value: Any) -> Any:
-    """A JSON value back as the type `hint` names: dicts become the dataclass the hint
-    names (or one of its union's members), lists become tuples, as the events hold them."""
-    if isinstance(value, dict):
-        for t in (hint, *typing.get_args(hint)):
-            if isinstance(t, type) and dataclasses.is_dataclass(t):
-                hints = _hints(t)
-                return t(**{k: revive(hints[k], v) for k, v in value.items() if k in hints})
-        return value
-    if isinstance(value, list):
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        inner = args[0] if len(args) == 1 else Any
-        return tuple(revive(inner, v) for v in value)
-    return value
-
-
 def _revive_extras(cls: type, extra: Any) -> dict[str, Any]:
     if not isinstance(extra, dict):
-        raise RecordInvalid(f"its last item should be a dict of extra fields, not {extra!r}")
-    hints = _hints(cls)
+        raise RecordInvalid(
+            f"its last item should be a dict of extra fields, not {fv.shown(extra)}"
+        )
+    hints = _event_hints(cls)
     # A field this kvscope does not know (a newer writer of the same format) is dropped.
-    return {k: revive(hints[k], v) for k, v in extra.items() if k in hints}
+    return {k: fv.revive(hints[k], x, k) for k, x in extra.items() if k in hints}
+
+
+@functools.cache
+def _event_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -626,10 +666,22 @@ def card_object(card: ModelCard) -> dict[str, Any]:
     return data
 
 
+# A card's figures that size what the screen builds: the block map has one cell a block.
+_CARD_BOUNDS = {"total_blocks": fv.MAX_BLOCKS, "block_size": fv.MAX_BLOCK_SIZE}
+
+
 def decode_card(data: Any) -> ModelCard:
-    card = revive(ModelCard, data)
-    if not isinstance(card, ModelCard):
+    card = fv.revive(ModelCard, data, "model card")
+    if not isinstance(card, ModelCard):  # revive makes the dataclass it is given, or raises
         raise RecordInvalid("its model card is not a JSON object")
+    for f in dataclasses.fields(ModelCard):
+        value = getattr(card, f.name)
+        if type(value) is int and not 0 <= value <= _CARD_BOUNDS.get(f.name, fv.MAX_COUNT):
+            most = _CARD_BOUNDS.get(f.name, fv.MAX_COUNT)
+            raise RecordInvalid(
+                f"its model card says {f.name} {value:,}, past the most a tape may hold "
+                f"(0 to {most:,})"
+            )
     return card
 
 
@@ -677,6 +729,8 @@ class Decoder:
             return value, _when(rec, value)
         except RecordInvalid:
             raise
+        except fv.ValueRefused as exc:
+            raise RecordInvalid(f"a {rec[0]!r} record: {exc}") from None
         except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise RecordInvalid(f"a {rec[0]!r} record that does not read ({exc})") from None
 

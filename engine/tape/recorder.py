@@ -12,22 +12,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.clock import Clock, RealClock, VirtualClock
 from engine.events import EngineEvent, GenerationRequest, ModelCard, StepSample, UserMessage
+from engine.paths import open_private, private_dir
 from engine.sizes import GIB, MIB
 from engine.tape.errors import TapeUnwritable
 from engine.tape.format import Encoder, Kind, dumps, header
 from engine.tape.paths import default_tape_path
-
-if TYPE_CHECKING:
-    import os
 
 log = logging.getLogger("kvscope")
 
@@ -83,10 +82,12 @@ class TapeRecorder:
         self._closed = False
         self._encoder = Encoder()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Unbuffered: each write() is one system call, so what was written is in the
-            # kernel, and survives the process being killed.
-            self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 (the writer owns it)
+            private_dir(self.path.parent)
+            # Every prompt and reply is on it: 0600, whatever the umask. Unbuffered: each
+            # write() is one system call, so what was written is in the kernel, and
+            # survives the process being killed.
+            fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            self._file = os.fdopen(fd, "wb", buffering=0)
         except OSError as exc:
             raise TapeUnwritable(self.path, exc.strerror or str(exc)) from None
         clock_name = "virtual" if isinstance(self.clock, VirtualClock) else "perf_counter"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import random
+import time
 from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
@@ -12,7 +14,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Header, Input, Tab, Tabs
+from textual.widgets import Header, Input, Static, Tab, Tabs
 
 from engine.errors import EngineDied, EngineStartFailed, KvscopeError, PromptTooLong
 from engine.events import (
@@ -24,23 +26,27 @@ from engine.events import (
     RequestFinished,
     ScrapeSample,
     StepSample,
+    StepStarted,
     TokenEvent,
 )
 from engine.request_book import prompt_fits
 from tui import format as fmt
 from tui.conversation import Conversation
 from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
+from tui.live_load import LiveLoad, live_config, load_ceiling
 from tui.messages import (
     EngineFailed,
     EngineProgressed,
     EngineReady,
     ScrapeSampled,
+    StepBegan,
     StepSampled,
 )
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
+from tui.widgets.model_card import ModelCardView
 from tui.widgets.pruned_footer import PrunedFooter
 from tui.widgets.request_timeline import LatencyBox
 
@@ -83,6 +89,12 @@ class MainScreen(Screen[None]):
         Binding("ctrl+l", "toggle_latency", "Latency colours"),
         Binding("ctrl+r", "restart_engine", "Restart engine"),
         Binding("f9", "clear_plots", "Clear plots"),
+        # The presenter's walk up the slider without leaving the message box.
+        Binding("f7", "toggle_synthetic", "Slider on/off"),
+        Binding("ctrl+up", "prompt_length(2)", "Prompt ×2"),
+        Binding("ctrl+down", "prompt_length(-2)", "Prompt ÷2"),
+        Binding("pageup", "scroll_panel(-1)", "Scroll up", show=False),
+        Binding("pagedown", "scroll_panel(1)", "Scroll down", show=False),
         Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
         Binding("f6", "toggle_timeline", "ITL plot / request timeline", show=False),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
@@ -119,6 +131,10 @@ class MainScreen(Screen[None]):
         self._current_synthetic = False
         self._remove_listener: object = None
         self._remove_scrape_listener: object = None
+        self._remove_start_listener: object = None
+        self.live_load = LiveLoad()
+        """The playground's background traffic (the Load box), see tui/live_load.py."""
+        self._load_running = False
         self._ticks = 0
         self._busy_notified = False  # one "still streaming" toast per reply, not one per Enter
         self._floor: FloorFn | None = None
@@ -151,6 +167,7 @@ class MainScreen(Screen[None]):
         self.watch(self.controls, "synthetic_tokens", self._synthetic_changed)
         self.chat.input.focus()
         card = self.engine.card
+        self.engine_panel.live_load = self.live_load
         if card is not None:
             # Already running (a test's shared engine, say): restarting would only cost time.
             self.post_message(EngineReady(card))
@@ -167,6 +184,8 @@ class MainScreen(Screen[None]):
             self._remove_listener()
         if callable(self._remove_scrape_listener):
             self._remove_scrape_listener()
+        if callable(self._remove_start_listener):
+            self._remove_start_listener()
         if self.gc_policy is not None:
             self.gc_policy.stopped()
 
@@ -211,6 +230,14 @@ class MainScreen(Screen[None]):
         with contextlib.suppress(RuntimeError):
             self.post_message(StepSampled(sample))
 
+    def _on_step_start(self, started: StepStarted) -> None:
+        # From the step thread, before the model runs: a long prefill shows as running.
+        with contextlib.suppress(RuntimeError):
+            self.post_message(StepBegan(started))
+
+    def on_step_began(self, message: StepBegan) -> None:
+        self.telemetry.step_started(message.started)
+
     def _on_scrape(self, sample: ScrapeSample) -> None:
         # Called from a remote engine's scraper thread.
         with contextlib.suppress(RuntimeError):
@@ -247,7 +274,8 @@ class MainScreen(Screen[None]):
     def _update_estimate(self) -> None:
         guess = self.send_estimate()
         self.controls.estimate_text = (
-            f"⏱ {guess.words()}" if guess is not None and guess.long else ""
+            # Words, not ⏱: the SVG font has no such glyph and draws a box.
+            f"Estimate: {guess.words()}" if guess is not None and guess.long else ""
         )
 
     @work(thread=True, group="roofline", exclusive=True, exit_on_error=False)
@@ -264,6 +292,10 @@ class MainScreen(Screen[None]):
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
         features = self.engine.features
+        self.query_one(ModelCardView).memory = features.memory
+        starts = features.step_starts
+        if starts is not None and self._remove_start_listener is None:
+            self._remove_start_listener = starts.add_step_start_listener(self._on_step_start)
         # The engine says whether its samples are its own steps: the timeline and the
         # explainer need not guess it from the first samples.
         self.telemetry.timeline.per_request = features.exact_steps
@@ -271,6 +303,7 @@ class MainScreen(Screen[None]):
         if remote is not None and self._remove_scrape_listener is None:
             self._remove_scrape_listener = remote.add_scrape_listener(self._on_scrape)
         self.engine_panel.remote = remote is not None
+        self.engine_panel.fleet = features.fleet
         if remote is not None:
             self.engine_panel.remote_state.capabilities = remote.capabilities
         if self.gc_policy is not None:
@@ -306,6 +339,57 @@ class MainScreen(Screen[None]):
     @on(CountStepper.Changed)
     def _copies_changed(self) -> None:
         self._update_estimate()
+
+    # -- load ------------------------------------------------------------------------------
+    @on(CountStepper.Changed, "#load-users")
+    def _load_users_changed(self, message: CountStepper.Changed) -> None:
+        load = self.live_load
+        load.users = message.value
+        if load.users == 0:
+            # Cancelling the worker walks away from every stream: the engine aborts them.
+            self.workers.cancel_group(self, "load")
+            load.stopped()
+        elif self.engine_state == "ready" and not self._load_running:
+            self._run_load()
+        self._show_load()
+
+    def _show_load(self) -> None:
+        clock = self.engine.features.clock
+        now = clock.now() if clock is not None else time.perf_counter()
+        line = self.controls.query_one("#load-line", Static)
+        words = self.live_load.words(now)
+        if str(line.render()) != words:
+            line.update(words)
+
+    @work(group="load", exclusive=True, exit_on_error=False)
+    async def _run_load(self) -> None:
+        """Load points one after another while there are users; a change of users takes
+        effect at the next point."""
+        from bench.load_runner import LoadLevel, LoadRunner
+
+        load = self.live_load
+        self._load_running = True
+        try:
+            while load.users > 0 and self.engine_state == "ready":
+                users, card = load.users, self.card
+                prompt = self.controls.prompt_tokens if self.controls.synthetic else 128
+                if card is not None:
+                    prompt = min(prompt, card.max_model_len - 2)
+                output = max(1, self.controls.sampling().max_tokens)
+                if card is not None:
+                    output = max(1, min(output, card.max_model_len - prompt - 1))
+                config = live_config(users, prompt, output, seed=random.randrange(2**31))
+                runner = LoadRunner(self.engine, config)
+                if load.ceiling is None and card is not None:
+                    load.ceiling = await asyncio.to_thread(load_ceiling, card, prompt + output // 2)
+                load.started_point(users, runner.clock.now())
+                self._show_load()
+                load.measured(await runner.measure(LoadLevel.users(users)))
+                self._show_load()
+        finally:
+            self._load_running = False
+            load.stopped()
+            self._show_load()
 
     @on(ControlsPanel.SyntheticSendRequested)
     async def _synthetic_requested(self) -> None:
@@ -353,8 +437,11 @@ class MainScreen(Screen[None]):
         if synthetic:
             controls.show_error(None)
         note, title = send_labels(ids, n if synthetic else None)
+        if self.live_load.users:
+            # Its timings are taken under the load's traffic: say so where they are read.
+            title += f" · under load ({fmt.count(self.live_load.users, 'user')})"
         await self.chat.add_user_message(text, note)
-        reply = await self.chat.add_reply(title, ids, self._status_of)
+        reply = await self.chat.add_reply(title, ids, self._status_of, synthetic=synthetic)
         self.current = reply
         self.telemetry.track_request(ids[0])
         self.refresh_bindings()
@@ -473,6 +560,8 @@ class MainScreen(Screen[None]):
                     await self.current.tick()
             else:
                 await self.engine_panel.redraw(self.renderer, wait=False)
+                if self.live_load.running_since is not None:
+                    self._show_load()
         if self.gc_policy is not None and self.busy:
             self.gc_policy.streaming_tick()
 
@@ -522,6 +611,47 @@ class MainScreen(Screen[None]):
             self.gc_policy.idle(full=True)  # the old transcript's cycles are garbage now
         self.chat.input.focus()
         self.refresh_bindings()
+
+    def action_toggle_synthetic(self) -> None:
+        """Turn the prompt-length slider on (Enter sends N synthetic tokens) or off."""
+        controls = self.controls
+        controls.synthetic = not controls.synthetic
+        self.notify(
+            f"Slider on: Enter sends {controls.prompt_tokens:,} synthetic tokens."
+            if controls.synthetic
+            else "Slider off: Enter sends your message as chat.",
+            timeout=2,
+        )
+
+    def action_prompt_length(self, factor: int) -> None:
+        """Double (2) or halve (-2) the slider's length, and turn the slider on."""
+        slider = self.controls.slider
+        slider.scale(2.0 if factor > 0 else 0.5)
+
+    def action_scroll_panel(self, direction: int) -> None:
+        """PageUp / PageDown scroll the panel in use, wherever the focus is in it."""
+        focused = self.focused
+        narrow = self.has_class("-narrow")
+        for name in PANELS:
+            panel = self.query_one(f"#{name}")
+            # Narrow: the tab on screen, even while the focus stays in the message box.
+            if (
+                panel.has_class("-active")
+                if narrow
+                else (focused is not None and panel in focused.ancestors_with_self)
+            ):
+                break
+        else:
+            name = "chat"
+        target = {
+            "chat": self.chat.transcript,
+            "engine": self.engine_panel.query_one("#engine-grid"),
+            "controls": self.controls,
+        }[name]
+        if direction > 0:
+            target.scroll_page_down(animate=False)
+        else:
+            target.scroll_page_up(animate=False)
 
     def action_toggle_latency(self) -> None:
         self.latency_colours = not self.latency_colours

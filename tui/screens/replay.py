@@ -238,7 +238,9 @@ class ReplayScreen(MainScreen):
             note = f"⟨request {ids[0]}" + (f": {prompt:,}-token prompt⟩" if prompt else "⟩")
             _, title = send_labels(ids, None)
         await self.chat.add_user_message(text, note)
-        reply = await self.chat.add_reply(title, ids, self._status_of)
+        reply = await self.chat.add_reply(
+            title, ids, self._status_of, synthetic=synthetic is not None
+        )
         if generation != self._generation:
             return  # rewound meanwhile: the rewind's own handler clears this away
         self._current_user_text = text

@@ -21,6 +21,7 @@ from bench.sweep import floors_for_card, run_sweep
 from bench.sweep_files import SweepFileError, load_saved_sweeps
 from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import KvscopeError
+from engine.paths import write_private
 from engine.stats import percentile
 from tui import format as fmt
 from tui.sweep_overlay import Overlay, overlay_text
@@ -30,6 +31,7 @@ from tui.sweep_view_model import (
     RunPoint,
     default_prompt_lens,
     eta_seconds,
+    floor_cell,
     parse_lens,
     run_label,
     sweep_figures,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
     from engine.events import RequestFinished
     from engine.protocol import Engine
+    from tui.host_watch import HostWatch
     from tui.plotting import PlotRenderer
 
 
@@ -97,6 +100,7 @@ class SweepScreen(Screen[None]):
         self._unit_times: list[tuple[int, float]] = []  # (prompt length, seconds) per run
         self.overlay: Overlay | None = None
         """A saved sweep loaded to compare with (F9), drawn under the live points."""
+        self._host_checked = -1.0
 
     def compose(self) -> ComposeResult:
         card = self.engine.card
@@ -129,6 +133,7 @@ class SweepScreen(Screen[None]):
                 yield ProgressBar(total=1, show_eta=False, id="sweep-progress")
                 yield Static("", id="sweep-run")
                 yield Static("", id="sweep-status")
+                yield Static("", id="sweep-host")
                 with Horizontal(classes="field"):
                     yield Label("export to", classes="field-label")
                     yield Input("kvscope-sweep", id="export-path", compact=True)
@@ -292,8 +297,8 @@ class SweepScreen(Screen[None]):
             f("median_itl_ms"),
             f("p99_itl_ms"),
             f("output_throughput"),
-            f("ttft_pct_of_floor"),
-            f("itl_pct_of_floor"),
+            floor_cell(point, "ttft_pct_of_floor"),
+            floor_cell(point, "itl_pct_of_floor"),
             result,
         )
         self._show_overlay()
@@ -344,7 +349,28 @@ class SweepScreen(Screen[None]):
         )
         self._version += 1
 
+    def host_watch(self) -> HostWatch | None:
+        """The app's busy-host watch: the sweep's steps feed it as the chat's do."""
+        from tui.app import KvscopeApp  # the app module imports this one
+
+        app = self.app
+        return app.telemetry.host if isinstance(app, KvscopeApp) else None
+
+    def _show_host(self) -> None:
+        # A busy host spoils a sweep more than a chat: its points are the measurement.
+        now = time.monotonic()
+        if now - self._host_checked < 1.0:
+            return
+        self._host_checked = now
+        host = self.host_watch()
+        warning = host.warning() if host is not None else None
+        box = self.query_one("#sweep-host", Static)
+        box.display = warning is not None
+        if warning is not None:
+            box.update(Text(f"{warning.words}: these points measure the host too"))
+
     async def _redraw(self) -> None:
+        self._show_host()
         ttft_plot = self.query_one("#sweep-ttft", Plot)
         itl_plot = self.query_one("#sweep-itl", Plot)
         width, height = ttft_plot.content_size
@@ -382,7 +408,7 @@ class SweepScreen(Screen[None]):
         base = self.query_one("#export-path", Input).value.strip() or "kvscope-sweep"
         path = Path(base).expanduser().with_suffix(f".{kind}")
         try:
-            path.write_text(result.to_json() if kind == "json" else result.to_csv(), "utf-8")
+            write_private(path, result.to_json() if kind == "json" else result.to_csv())
         except OSError as exc:
             self._status(f"Could not write {path}: {exc.strerror or exc}", error=True)
             return

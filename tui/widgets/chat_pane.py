@@ -30,6 +30,13 @@ EMPTY_HINT = (
 )
 
 
+LATENCY_KEY = (
+    "ctrl+l colours: [$accent underline]first token[/] (TTFT) · "
+    "[$success]≤ 1.5× median ITL[/] · [$warning]≤ 3×[/] · [$error reverse]slower[/]"
+)
+"""The key to the latency colours, shown under the transcript while they are on."""
+
+
 class Transcript(VerticalScroll):
     """The scrolling list of messages and replies."""
 
@@ -69,6 +76,9 @@ class ChatPane(Vertical):
         yield EngineStatus().data_bind(ChatPane.engine_state)
         with Transcript(id="transcript"):
             yield Static(EMPTY_HINT, id="chat-empty")
+        key = Static(LATENCY_KEY, id="latency-key")
+        key.display = False
+        yield key
         yield Input(placeholder="Message", id="chat-input")
 
     def on_mount(self) -> None:
@@ -110,16 +120,16 @@ class ChatPane(Vertical):
         if self.busy:
             hint = "A reply is streaming: Esc stops it"
         elif self.synthetic_tokens is not None:
-            hint = (
-                f"Enter sends a {self.synthetic_tokens:,}-token synthetic prompt "
-                "(type to append a message)"
-            )
+            # Short enough for the 55-cell chat column at 160x48.
+            hint = f"Enter: {self.synthetic_tokens:,} synthetic tokens (+ what you type)"
         else:
             hint = "Message"
         self.input.placeholder = hint
 
     def watch_latency_colours(self, on: bool) -> None:
         self.set_class(on, "-latency")
+        if self.is_mounted:
+            self.query_one("#latency-key").display = on
         for reply in self.query(ReplyBlock):
             reply.set_latency_mode(on)
 
@@ -139,10 +149,15 @@ class ChatPane(Vertical):
         await self.transcript.mount(Static(body, classes="user-message"))
 
     async def add_reply(
-        self, title: str, request_ids: list[str], status: StatusSource | None = None
+        self,
+        title: str,
+        request_ids: list[str],
+        status: StatusSource | None = None,
+        *,
+        synthetic: bool = False,
     ) -> ReplyBlock:
         await self._drop_hint()
-        reply = ReplyBlock(title, request_ids, status=status)
+        reply = ReplyBlock(title, request_ids, status=status, synthetic=synthetic)
         await self.transcript.mount(reply)
         reply.set_latency_mode(self.latency_colours)
         self.transcript.anchor()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_TOKENS = 128
 MIN_CONCURRENCY_CAP = 16
+MAX_LOAD_USERS = 64  # past that a CPU engine only queues; a bench run goes higher
 MAX_NUM_SEQS = 256
 """vLLM's default cap on requests running at once: more copies than this only queue."""
 
@@ -96,6 +97,23 @@ class ControlsPanel(VerticalScroll):
                 "KV pool, fill it, and provoke preemption",
                 classes="hint",
             )
+        with Vertical(id="load-box", classes="box") as box:
+            box.border_title = "Load"
+            with Horizontal(classes="field"):
+                yield CountStepper(
+                    0,
+                    minimum=0,
+                    maximum=MAX_LOAD_USERS,
+                    unit="user",
+                    units="users",
+                    id="load-users",
+                )
+            yield Static("off", id="load-line")
+            yield Static(
+                "background traffic: each user sends a synthetic prompt (the slider's "
+                "length) when its last one ends; every 10 s is one point on the Load plot",
+                classes="hint",
+            )
         yield Button("Send synthetic prompt", id="send-synthetic", variant="primary", compact=True)
 
     def on_mount(self) -> None:
@@ -154,7 +172,8 @@ class ControlsPanel(VerticalScroll):
         if card is not None and not self._touched_slider:
             # Start half-way to the nearest wall, where a first prompt fits comfortably.
             nearest = min(card.max_model_len, card.kv_pool_tokens)
-            slider.value = max(slider.minimum, (nearest // 2) // card.block_size * card.block_size)
+            block = max(card.block_size, 1)  # 0: a remote card that does not know it
+            slider.value = max(slider.minimum, (nearest // 2) // block * block)
         self._sync_synthetic()
 
     @on(PromptLengthSlider.Changed)
@@ -163,6 +182,11 @@ class ControlsPanel(VerticalScroll):
         self._touched_slider = True
         self.synthetic = True
         self.show_error(None)
+
+    @on(PromptLengthSlider.Toggled)
+    def _slider_toggled(self, event: PromptLengthSlider.Toggled) -> None:
+        self._touched_slider = True
+        self.synthetic = not self.synthetic
 
     @on(CountStepper.Changed)
     def _concurrency_changed(self, event: CountStepper.Changed) -> None:

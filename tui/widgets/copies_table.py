@@ -53,6 +53,12 @@ def _num_ms(seconds: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def _ended(copy: CopyState) -> str:
+    if copy.finished is None:
+        return f"failed: {copy.error}"
+    return REASONS.get(copy.finished.reason, copy.finished.reason)
+
+
 def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     """The finished extra copies as one table (and its lines as plain text).
 
@@ -61,9 +67,17 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     in the header, so every cell stays on one line in a narrow chat column.
     """
     per_copy = len(copies) <= PER_COPY_ROWS
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    # Narrow on purpose: the chat column is about 55 cells at 160x48 and 76 at 80x24, and
+    # a table wider than that is squeezed by rich into "… TTF… p5…". How the copies
+    # ended goes in a column only when they ended differently; preemptions get a short
+    # column of their own; the rest is said in the title line, which wraps.
+    table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
+    ended_all = {_ended(c) for c in copies}
+    any_preempted = any(c.finished is not None and c.finished.preemptions for c in copies)
     names = ["copy" if per_copy else "", "TTFT ms", "p50 ms", "p99 ms", "tok/s", "out"]
-    if per_copy:
+    if per_copy and any_preempted:
+        names.append("preempted")
+    if per_copy and len(ended_all) > 1:
         names.append("ended")
     for name in names:
         table.add_column(
@@ -82,23 +96,36 @@ def copies_table(copies: list[CopyState]) -> tuple[Table, list[str]]:
     if per_copy:
         for c in copies:
             if c.finished is None:
-                table.add_row(c.request_id, "", "", "", "", "", f"failed: {c.error}")
+                blank = [""] * (len(names) - 1)
+                if len(ended_all) > 1:
+                    blank[-1] = _ended(c)
+                table.add_row(c.request_id, *blank)
                 plain.append(f"{c.request_id} · failed: {c.error}")
                 continue
             ttft, p50, p99, rate = metrics(c.finished)
-            ended = REASONS.get(c.finished.reason, c.finished.reason)
-            if c.finished.preemptions:
-                ended += f", preempted ×{c.finished.preemptions}"
-            table.add_row(
+            cells = [
                 c.request_id,
                 _num_ms(ttft),
                 _num_ms(p50),
                 _num_ms(p99),
                 f"{rate:,.1f}",
                 f"{c.finished.output_tokens:,}",
-                ended,
-            )
+            ]
+            if any_preempted:
+                n = c.finished.preemptions
+                cells.append(f"×{n}" if n else "")
+            if len(ended_all) > 1:
+                cells.append(_ended(c))
+            table.add_row(*cells)
             plain.append(f"{c.request_id} · {footer_line(c.finished)}")
+        if len(ended_all) == 1 and copies:
+            words = f"{fmt.count(len(copies), 'more copy', 'more copies')}: " + (
+                f"each {next(iter(ended_all))}" if len(copies) > 1 else next(iter(ended_all))
+            )
+            table.title = words
+            table.title_justify = "left"
+            table.title_style = "italic"
+            plain.insert(0, words)
         return table, plain
 
     values = [metrics(ev) for ev in finished]

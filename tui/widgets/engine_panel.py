@@ -11,10 +11,17 @@ from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from engine.events import EngineState, ModelCard, StepSample
+from engine.events import EngineState, ModelCard, StepSample, StepStarted
 from tui import figures
 from tui import format as fmt
+from tui.live_load import LiveLoad, knee
+from tui.load_figure import POINT_MARK, ROOF_MARK, load_figure
+from tui.preemption import preemption_words
+from tui.request_status import elapsed_words
+from tui.telemetry import KV_WINDOW_S
 from tui.widgets.box_titles import retitle
+from tui.widgets.fleet_view import FleetView
+from tui.widgets.gpu_telemetry_line import GpuTelemetryLine
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
@@ -23,6 +30,7 @@ from tui.widgets.request_timeline import LatencyBox
 if TYPE_CHECKING:
     from textual.app import ComposeResult
 
+    from engine.features import FleetWatch
     from tui.host_watch import HostWarning
     from tui.plotting import PlotRenderer
     from tui.telemetry import Telemetry
@@ -56,17 +64,57 @@ def step_line(sample: StepSample | None, preemptions_total: int, *, remote: bool
     )
 
 
+RUNNING_SHOWN_AFTER_S = 0.3
+"""A step that has run this long is shown as running: shorter ones would only flicker."""
+
+
+def running_line(started: StepStarted, elapsed_s: float) -> str:
+    """The status line while a step runs: "step 270 running: prefill 2,048 tok of r7
+    (chunk 1 of 2) · 12 s so far"."""
+    parts = []
+    if len(started.chunks) == 1:
+        c = started.chunks[0]
+        parts.append(
+            f"prefill {fmt.count(c.tokens, 'tok', 'tok')} of {c.request_id} "
+            f"(chunk {c.chunk} of {c.chunks})"
+        )
+    elif started.chunks:
+        parts.append(
+            f"prefill {fmt.count(started.prefill_tokens, 'tok', 'tok')} of "
+            f"{fmt.count(len(started.chunks), 'request')}"
+        )
+    if started.decoding:
+        parts.append(f"decode {fmt.count(started.decoding, 'request')}")
+    used = started.total_blocks - started.free_blocks
+    return (
+        f"step {started.step:,} running: {' + '.join(parts) or 'scheduled'} · "
+        f"{elapsed_words(elapsed_s)} so far · KV {used:,}/"
+        f"{fmt.count(started.total_blocks, 'block')}"
+    )
+
+
+def running_sample(started: StepStarted, latest: StepSample | None, block_size: int) -> StepSample:
+    """The running step as a sample for the block map: the blocks it was just given."""
+    total = max(started.total_blocks, 1)
+    return StepSample(
+        step=started.step,
+        started_at=started.started_at,
+        duration_s=0.0,
+        prefill_tokens=started.prefill_tokens,
+        decode_tokens=started.decode_tokens,
+        running=len(started.blocks),
+        waiting=latest.waiting if latest is not None else 0,
+        kv_usage=1.0 - started.free_blocks / total,
+        free_blocks=started.free_blocks,
+        total_blocks=started.total_blocks,
+        block_size=block_size,
+        blocks=started.blocks,
+    )
+
+
 def _key(*entries: tuple[str, str, str]) -> str:
     """A colour key for a box's border: (theme variable, glyph, words) per entry."""
     return "  ".join(f"[{var}]{glyph}[/] {words}" for var, glyph, words in entries)
-
-
-ITL_KEY = _key(
-    ("$primary", "⣿", "ITL"),
-    ("$success", "─", "p50"),
-    ("$warning", "─", "p90"),
-    ("$error", "─", "p99"),
-)
 
 
 class EnginePanel(Vertical):
@@ -99,18 +147,26 @@ class EnginePanel(Vertical):
         self._turn = 0
         self._host: HostWarning | None = None
         self._host_checked = -HOST_CHECK_S
+        self.live_load: LiveLoad | None = None
+        """The screen's background traffic, whose points the load plot draws."""
+        self.fleet: FleetWatch | None = None
+        """The replicas behind the router, when attached to a fleet (`--replica`)."""
+        self._fleet_read = -HOST_CHECK_S
 
     def compose(self) -> ComposeResult:
         yield Static("", id="engine-step")
+        yield Static("", id="preempt-note")
         with VerticalScroll(id="engine-grid"):
             with Vertical(id="remote-box", classes="box") as box:
                 box.border_title = "Server (/metrics, KV events)"
                 yield RemoteStateView(id="remote-state")
+                yield FleetView(id="fleet-view")
             with Vertical(id="blocks-box", classes="box") as box:
                 box.border_title = "KV blocks"
                 yield KvBlockMap(id="block-map")
+                yield GpuTelemetryLine(id="gpu-telemetry")
             with Vertical(id="kv-box", classes="box plot-box") as box:
-                box.border_title = "KV usage % · last 60 s"
+                box.border_title = "KV usage"
                 yield Plot("no steps yet", id="kv-plot")
             with LatencyBox(self.telemetry, id="itl-box", classes="box plot-box") as box:
                 box.border_title = "ITL per output token"
@@ -118,8 +174,12 @@ class EnginePanel(Vertical):
             with Vertical(id="ttft-box", classes="box plot-box") as box:
                 box.border_title = "Latency vs prompt tokens"
                 yield Plot("every reply adds a TTFT and a median-ITL point", id="ttft-plot")
+            with Vertical(id="load-plot-box", classes="box plot-box") as box:
+                box.border_title = "Load: output tok/s vs median ITL"
+                yield Plot("each load point lands here", id="load-plot")
 
     def on_mount(self) -> None:
+        self.query_one("#preempt-note").display = False
         self._sync_state()
         self.watch_remote(self.remote)
 
@@ -139,6 +199,8 @@ class EnginePanel(Vertical):
 
     def watch_card(self, card: ModelCard | None) -> None:
         self.telemetry.host.check_load = card is not None and card.device == "cpu"
+        if self.is_mounted:
+            self.query_one(GpuTelemetryLine).active = card is not None and card.device == "cuda"
         if card is not None and self.telemetry.latest is None:
             self.query_one(KvBlockMap).show_empty_pool(
                 card.total_blocks, card.block_size, card.kv_groups
@@ -181,6 +243,34 @@ class EnginePanel(Vertical):
         """The status line as shown (for tests and the demo)."""
         return str(self.query_one("#engine-step", Static).render())
 
+    def _show_preemption(self) -> None:
+        note = self.query_one("#preempt-note", Static)
+        p = self.telemetry.preemption
+        # One re-layout when a preemption happens (and when its cost is known), not per step.
+        note.display = p is not None
+        note.update(Text(preemption_words(p)) if p is not None else "")
+
+    def preemption_text(self) -> str:
+        """The preemption note as shown ("" when there is none), for tests and the demo."""
+        note = self.query_one("#preempt-note", Static)
+        return str(note.render()) if note.display else ""
+
+    def _preempt_title(self) -> str:
+        """The KV box's count of preemptions, and where the last one went once its mark
+        has scrolled out of the 60 s window: the mark must not vanish unsaid."""
+        tel = self.telemetry
+        if not tel.preemptions_total:
+            return ""
+        words = f" · preempted ×{tel.preemptions_total:,}"
+        p, t = tel.preemption, tel.preemption_t
+        if p is None or t is None or not tel.kv_t:
+            return words
+        ago = tel.kv_t[-1] - t
+        words += f", last step {p.step:,}"
+        if ago > KV_WINDOW_S:
+            words += f" ({fmt.duration(ago)} ago, off the plot)"
+        return words
+
     def _host_warning(self) -> HostWarning | None:
         now = time.monotonic()
         if now - self._host_checked >= HOST_CHECK_S:
@@ -214,11 +304,21 @@ class EnginePanel(Vertical):
             return True
 
         steps = tel.steps_version
-        steps_changed = changed("steps", steps)
+        running = tel.running
+        elapsed = tel.requests.now() - running.started_at if running is not None else 0.0
+        shown = running if running is not None and elapsed >= RUNNING_SHOWN_AFTER_S else None
+        # A running step ticks its clock: the line is drawn again every tenth of a second.
+        steps_changed = changed("steps", (steps, shown and round(elapsed, 1)))
         host = self._host_warning()
-        if (steps_changed or changed("host", host)) and tel.latest is not None:
+        if (steps_changed or changed("host", host)) and (
+            tel.latest is not None or shown is not None
+        ):
             # The step line has a fixed height (engine_panel.tcss): no re-layout needed.
-            line = step_line(tel.latest, tel.preemptions_total, remote=self.remote)
+            line = (
+                running_line(shown, elapsed)
+                if shown is not None
+                else step_line(tel.latest, tel.preemptions_total, remote=self.remote)
+            )
             text = Text(line)
             if host is not None:
                 text.append("\n")
@@ -228,7 +328,15 @@ class EnginePanel(Vertical):
             step = self.query_one("#engine-step", Static)
             step.set_class(host is not None, "-host-busy")
             step.update(text, layout=False)
-        if steps_changed and tel.latest is not None and not self.remote:
+        if changed("preemption", tel.preemption):
+            self._show_preemption()
+        if steps_changed and shown is not None and not self.remote:
+            size = (
+                tel.latest.block_size if tel.latest else (self.card.block_size if self.card else 16)
+            )
+            self.block_map.show_sample(running_sample(shown, tel.latest, size))
+            await asyncio.sleep(0)
+        elif steps_changed and tel.latest is not None and not self.remote:
             # Every panel draws the same (latest) sample: no mixing of older state.
             self.block_map.show_sample(tel.latest)
             # Each part of a redraw is a few milliseconds: the loop gets a turn between
@@ -238,10 +346,10 @@ class EnginePanel(Vertical):
             width, height = kv_plot.content_size
             kv_plot.set_figure(figures.kv_figure(tel, width, height), steps)
             now = f" · now {tel.latest.kv_usage:.0%}" if tel.latest else ""
-            preempted = f" · preemptions {tel.preemptions_total}" if tel.preemptions_total else ""
+            preempted = self._preempt_title()
             retitle(
                 self.query_one("#kv-box"),
-                f"KV usage % · last 60 s{now}{preempted}",
+                f"KV usage{now}{preempted}",
                 _key(("$primary", "⣿", "used"), ("$error", "│", "preempted")),
             )
         itl = tel.itl_version
@@ -251,10 +359,19 @@ class EnginePanel(Vertical):
             itl_plot.set_figure(figure, (itl, tel.itl_request))
             retitle(
                 self.query_one("#itl-box"),
-                f"ITL per output token · {tel.itl_request}" + (f" · {pct.caption()}" if pct else "")
+                f"ITL per output token · {tel.itl_request}"
                 if tel.itl_request
                 else "ITL per output token",
-                ITL_KEY if pct else "",
+                # The percentiles ride on the key, where each has its colour: the title
+                # alone could not hold them at 160x48 ("p90 …").
+                _key(
+                    ("$primary", "⣿", "ITL"),
+                    ("$success", "─", f"p50 {pct.p50:.1f}"),
+                    ("$warning", "─", f"p90 {pct.p90:.1f}"),
+                    ("$error", "─", f"p99 {pct.p99:.1f} ms"),
+                )
+                if pct
+                else "",
             )
         # After the ITL titles: in timeline mode (F6) the box shows the timeline's.
         self.query_one(LatencyBox).redraw()
@@ -281,7 +398,35 @@ class EnginePanel(Vertical):
                 f"Latency vs prompt tokens{count}{scale}",
                 _key(*entries) if summary.requests else "",
             )
+        fleet_view = self.query_one(FleetView)
+        fleet_view.display = self.fleet is not None
+        if self.fleet is not None and time.monotonic() - self._fleet_read >= HOST_CHECK_S:
+            # The scrapers run on their own threads; their latest rows, once a second.
+            self._fleet_read = time.monotonic()
+            fleet_view.state = self.fleet.fleet_state()
         plots = [kv_plot, itl_plot, ttft_plot]
+        load = self.live_load
+        load_box = self.query_one("#load-plot-box")
+        load_box.display = load is not None and bool(load.points)
+        if load is not None and load.points:
+            load_plot = self.query_one("#load-plot", Plot)
+            plots.append(load_plot)
+            if changed("load", (load.version, load_plot.content_size)):
+                width, height = load_plot.content_size
+                load_plot.set_figure(load_figure(load, width, height), load.version)
+                k = knee(list(load.points))
+                retitle(
+                    load_box,
+                    f"Load: output tok/s vs median ITL · {fmt.count(len(load.points), 'point')}"
+                    + (f" · knee at {k.max_concurrency} users" if k is not None else ""),
+                    _key(
+                        ("$primary", POINT_MARK, "measured"),
+                        ("$success", ROOF_MARK, "roofline"),
+                        ("$error", "│", "knee"),
+                    )
+                    if load.ceiling is not None
+                    else _key(("$primary", POINT_MARK, "measured"), ("$error", "│", "knee")),
+                )
         jobs = [(plot, job) for plot in plots if (job := plot.job())]
         if not jobs:
             return

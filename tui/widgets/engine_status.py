@@ -55,7 +55,10 @@ class EngineStatus(Vertical):
         if state == "loading":
             stage = self.progress.stage if self.progress else "starting"
             text.update(Text(f"Engine loading: {stage}…  The panels fill in when it is ready."))
-            bar.update(progress=self.progress.fraction if self.progress else 0.0)
+            fraction = self.progress.fraction if self.progress else 0.0
+            # No fraction yet (vLLM reports its stages only as they end): a pulsing bar,
+            # not one that sits at 0% for the whole load.
+            bar.update(total=1.0 if fraction > 0 else None, progress=fraction)
         elif state == "failed":
             text.update(Text(f"{self.error_text}\nPress ctrl+r to try starting the engine again."))
         elif state == "dead":

@@ -42,9 +42,11 @@ def folded_renderable(
     text: str,
     tokens: list[TimedToken] | None,
     colours: Mapping[str, str],
+    noise: str | None = None,
 ) -> Group:
     """The folded reply as one renderable, in the theme's `colours` (the app's CSS
-    variables): its body as Markdown, or, given its `tokens`, in latency colours."""
+    variables): its body as Markdown, or, given its `tokens`, in latency colours, or,
+    given `noise` (a synthetic prompt's output), as that one line."""
     background = Color.parse(colours.get("background", "black"))
 
     def style(name: str, flags: str = "") -> Style:
@@ -53,7 +55,9 @@ def folded_renderable(
         return Style.parse(f"{flags} {colour}".strip() or "none")
 
     body: RenderableType
-    if tokens is not None:
+    if noise is not None:
+        body = Text(noise, style("foreground-muted", "italic"))
+    elif tokens is not None:
         # As TokenLatencyView's DEFAULT_CSS colours the levels.
         body = latency_text(
             tokens,

@@ -15,6 +15,27 @@ from tui import format as fmt
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from engine.memory_budget import MemoryBudget
+
+
+BAR_GLYPHS = {"weights": "W", "activations": "A", "KV pool": "K", "other": "o", "free": "·"}
+
+
+def memory_bar(budget: MemoryBudget, width: int) -> str:
+    """The budget as one bar of `width` cells: W weights, A activations, K KV pool,
+    o other, · free; every known part gets at least one cell."""
+    parts = [(name, size) for name, size in budget.parts() if size > 0]
+    whole = sum(size for _, size in parts) or 1
+    exact = [width * size / whole for _, size in parts]
+    cells = [max(1, int(x)) for x in exact]
+    # Largest remainders first, so the bar is exactly `width` cells.
+    by_remainder = sorted(range(len(parts)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    for i in by_remainder[: max(0, width - sum(cells))]:
+        cells[i] += 1
+    while sum(cells) > width and max(cells) > 1:
+        cells[cells.index(max(cells))] -= 1
+    return "".join(BAR_GLYPHS[name] * n for (name, _), n in zip(parts, cells, strict=True))
+
 
 class ModelCardView(Widget):
     """The model card as a small label/value table; says "loading" until there is one."""
@@ -42,6 +63,8 @@ class ModelCardView(Widget):
     """The loaded model, or None while the engine starts."""
     engine_state: reactive[EngineState] = reactive[EngineState]("loading", layout=True)
     """Where the engine is in its life: what to say when there is no card."""
+    memory: reactive[MemoryBudget | None] = reactive(None, layout=True)
+    """Where the engine's memory went at start-up (engine.features.memory)."""
 
     def render(self) -> RenderableType:
         style = self.get_component_rich_style
@@ -62,6 +85,9 @@ class ModelCardView(Widget):
         table.add_row(
             "KV / token", f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)"
         )
+        if self.memory is not None:
+            table.add_row("memory", memory_bar(self.memory, 24))
+            table.add_row("", self.memory.words())
         if card.scheduling:
             # On CUDA, async scheduling puts a step's tokens one batch behind its schedule.
             table.add_row("scheduling", card.scheduling)

@@ -101,6 +101,19 @@ def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wa
     return sorted(walls, key=lambda w: (w.tokens, w.marker))
 
 
+def consequences(passed: list[Wall]) -> list[str]:
+    """What passing these walls means, once each: past both K and G the two pool
+    sentences say one thing, so they become one line."""
+    kinds = {w.kind: w for w in passed}
+    gpu = kinds.get("gpu")
+    if "kv_pool" in kinds and gpu is not None:
+        name = gpu.label.split(" KV pool")[0]
+        merged = f"past the KV pool here and on a real {name}: requests will be preempted/queued"
+        rest = [w.consequence for w in passed if w.kind not in ("kv_pool", "gpu")]
+        return [*rest, merged]
+    return [w.consequence for w in passed]
+
+
 def _round_up(value: float, step: int) -> int:
     return int(math.ceil(value / step) * step)
 
@@ -149,6 +162,7 @@ class PromptLengthSlider(Widget, can_focus=True):
         Binding("shift+right,pageup", "step(10)", "Much longer", show=False),
         Binding("home", "jump(-1)", "Shortest", show=False),
         Binding("end", "jump(1)", "Longest", show=False),
+        Binding("space", "toggle_synthetic", "Slider on / off", show=False),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -178,6 +192,16 @@ class PromptLengthSlider(Widget, can_focus=True):
 
         slider: PromptLengthSlider
         value: int
+
+        @property
+        def control(self) -> PromptLengthSlider:
+            return self.slider
+
+    @dataclass
+    class Toggled(Message):
+        """The user pressed Space on the slider: turn synthetic sends on or off."""
+
+        slider: PromptLengthSlider
 
         @property
         def control(self) -> PromptLengthSlider:
@@ -267,6 +291,16 @@ class PromptLengthSlider(Widget, can_focus=True):
             self._move_to(base)
         else:
             self._move_to(base + direction * step)
+
+    def action_toggle_synthetic(self) -> None:
+        self.post_message(self.Toggled(self))
+
+    def scale(self, factor: float) -> None:
+        """Multiply the length by `factor` (2 or 0.5: the article's 512, 1,024, 2,048,
+        4,096 walk), onto whole blocks."""
+        block = self.card.block_size if self.card is not None else 16
+        target = max(block, round(self.value * factor / block) * block)
+        self._move_to(target)
 
     def action_jump(self, direction: int) -> None:
         self._move_to(self.maximum if direction > 0 else self.minimum)
@@ -359,8 +393,8 @@ class PromptLengthSlider(Widget, can_focus=True):
                 f"\n{mark}{wall.marker} {wall.label} {wall.tokens:,}{beyond}", style(component)
             )
         if passed:
-            for wall in passed:
-                text.append(f"\n{wall.consequence}", style("prompt-length-slider--past"))
+            for line in consequences(passed):
+                text.append(f"\n{line}", style("prompt-length-slider--past"))
         elif near:
             text.append(f"\n{NEAR_KV_POOL}", style("prompt-length-slider--near"))
         else:

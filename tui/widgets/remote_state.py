@@ -4,10 +4,15 @@ Shown in the engine panel when kvscope is attached with `--url`: one row per eng
 data-parallel rank is a row), the server's own TTFT and ITL since attach, the prefix-cache
 index rebuilt from KV events, coloured by chat, and one line for each thing a remote view
 cannot show, instead of a panel of zeros.
+
+Scrapes stop without a word when a server is stopped (SIGSTOP) or wedged: nothing comes to
+say so. The view keeps its own clock and, past STALE_AFTER_S with no scrape, says the
+server does not answer, however the last scrape left it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Group, RenderableType
@@ -19,7 +24,12 @@ from textual.widget import Widget
 from tui import format as fmt
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from engine.events import HistogramDelta, PrefixCacheView, RemoteCapabilities, ScrapeSample
+
+STALE_AFTER_S = 10.0
+"""No scrape for this long: the panel says the server does not answer."""
 
 
 def _pct(value: float | None) -> str:
@@ -81,6 +91,37 @@ class RemoteStateView(Widget):
     """What the remote engine can show right now."""
     cache: reactive[PrefixCacheView | None] = reactive(None, layout=True)
     """The prefix-cache index from KV events."""
+    stale_s: reactive[int | None] = reactive(None, layout=True)
+    """Whole seconds since the last scrape once past STALE_AFTER_S, else None."""
+
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    """The view's own clock for `stale_s` (a test sets a fake one)."""
+
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._last_news: float | None = None  # when a scrape (or the first caps) came
+
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self.check_stale)
+
+    def watch_sample(self, sample: ScrapeSample | None) -> None:
+        if sample is not None:
+            self._last_news = self.clock()
+            self.stale_s = None
+
+    def watch_capabilities(self, caps: RemoteCapabilities | None) -> None:
+        if caps is not None and self._last_news is None:
+            self._last_news = self.clock()  # attached: the wait for a first scrape starts
+
+    def check_stale(self) -> None:
+        """Say so once no scrape came for STALE_AFTER_S (called every second)."""
+        caps = self.capabilities
+        if self._last_news is None or caps is None or not caps.metrics:
+            return  # no metrics at all is said otherwise (metrics_note), not as silence
+        age = self.clock() - self._last_news
+        self.stale_s = int(age) if age >= STALE_AFTER_S else None
 
     def render(self) -> RenderableType:
         style = self.get_component_rich_style
@@ -88,13 +129,21 @@ class RemoteStateView(Widget):
         parts: list[RenderableType] = []
         if caps is not None:
             head = f"attached to {caps.url}"
-            if not caps.reachable:
+            if self.stale_s is not None:
+                parts.append(
+                    Text(
+                        f"{head}: the server does not answer (no scrape for {self.stale_s} s)",
+                        style("remote-state--warning"),
+                    )
+                )
+            elif not caps.reachable:
                 parts.append(
                     Text(f"{head}: the server does not answer", style("remote-state--warning"))
                 )
             else:
                 parts.append(Text(head, style("remote-state--label")))
-            if not caps.metrics:
+            if caps.metrics_note:
+                # Why metrics are missing, or what was dropped of them (bad samples).
                 parts.append(Text(caps.metrics_note, style("remote-state--warning")))
         sample = self.sample
         if sample is not None and sample.total_blocks:

@@ -17,6 +17,7 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Label, Static
 
+from engine.visible_text import visible
 from tui import format as fmt
 from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
 from tui.widgets.copies_table import PER_COPY_ROWS, CopyState, copies_table
@@ -67,6 +68,15 @@ class ReplyBlock(SingleLayout, Vertical):
         height: auto;
         color: $text-secondary;
     }
+    ReplyBlock .reply-noise {
+        height: auto;
+        color: $foreground-muted;
+        text-style: italic;
+        display: none;
+    }
+    ReplyBlock.-noise .reply-noise {
+        display: block;
+    }
     """
 
     def __init__(
@@ -75,9 +85,13 @@ class ReplyBlock(SingleLayout, Vertical):
         request_ids: list[str],
         *,
         status: StatusSource | None = None,
+        synthetic: bool = False,
         id: str | None = None,
     ) -> None:
-        super().__init__(id=id, classes="-streaming")
+        super().__init__(id=id, classes="-streaming -noise" if synthetic else "-streaming")
+        self.synthetic = synthetic
+        """The reply to a synthetic prompt: its text is noise ("'n'n'n"), its tokens the
+        measurement. Its body is folded to one line unless clicked open."""
         self.title = title
         self.copies = [CopyState(rid) for rid in request_ids]
         self.tokens: list[TimedToken] = []
@@ -96,6 +110,7 @@ class ReplyBlock(SingleLayout, Vertical):
         yield Label(self.title, classes="reply-title")
         yield LiveMarkdown(classes="reply-markdown")
         yield TokenLatencyView(self.tokens, classes="reply-latency")
+        yield Static("", classes="reply-noise")
         copies = Static("", classes="reply-copies")
         copies.display = len(self.copies) > 1
         yield copies
@@ -162,8 +177,9 @@ class ReplyBlock(SingleLayout, Vertical):
         self._dirty = True
         if copy != 0:
             return
-        self._text_parts.append(event.text)
-        self.tokens.append(TimedToken(event.text, event.latency_s, len(self.tokens)))
+        text = visible(event.text)  # a model's ESC[2J is shown, not obeyed
+        self._text_parts.append(text)
+        self.tokens.append(TimedToken(text, event.latency_s, len(self.tokens)))
         # Shown by the next `tick()`: each append re-wraps the growing paragraph and moves
         # the transcript, so doing it per token would cost a full re-layout per token.
 
@@ -181,6 +197,26 @@ class ReplyBlock(SingleLayout, Vertical):
         if self.done:
             self.remove_class("-streaming")
             self.query_one(".reply-markdown", LiveMarkdown).settle()
+
+    def noise_line(self) -> str:
+        """The one line a folded synthetic body shows instead of its text."""
+        n = self.primary.received
+        verb = "click to show" if self.has_class("-noise") else "click to fold"
+        return f"⟨{fmt.count(n, 'token')} of synthetic output, folded · {verb}⟩"
+
+    def on_click(self) -> None:
+        if not self.synthetic:
+            return
+        self.toggle_class("-noise")
+        if self._folded is not None:
+            self.query_one(".reply-folded", Static).update(self._folded_renderable())
+        else:
+            self._show_noise_line()
+            self.query_one(".reply-markdown", LiveMarkdown).refresh(layout=True)
+
+    def _show_noise_line(self) -> None:
+        if self.synthetic and self._folded is None and self.is_mounted:
+            self.query_one(".reply-noise", Static).update(Text(self.noise_line()))
 
     def summary(self) -> ReplySummary:
         return ReplySummary(self.text, self.primary.error is not None)
@@ -256,12 +292,14 @@ class ReplyBlock(SingleLayout, Vertical):
     def _folded_renderable(self) -> Group:
         folded = self._folded
         assert folded is not None
+        noise = self.synthetic and self.has_class("-noise")
         return folded_renderable(
             folded,
             title=self.title,
             text=self.text,
-            tokens=self._folded_tokens() if self._latency_mode else None,
+            tokens=self._folded_tokens() if self._latency_mode and not noise else None,
             colours=self.app.get_css_variables(),
+            noise=self.noise_line() if noise else None,
         )
 
     async def flush(self) -> None:
@@ -288,6 +326,7 @@ class ReplyBlock(SingleLayout, Vertical):
         if not self._dirty and self.done:
             return
         self._dirty = False
+        self._show_noise_line()
         p = self.primary
         footer = self.query_one(".reply-footer", FieldLine)
         footer.set_class(p.error is not None, "-error")

@@ -36,6 +36,9 @@ def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
         f"prompt {ev.prompt_tokens:,} · output {fmt.count(ev.output_tokens, 'token')}",
         REASONS.get(ev.reason, ev.reason),
     ]
+    if ev.cached_prompt_tokens:
+        cached, prompt = ev.cached_prompt_tokens, ev.prompt_tokens
+        fields.append(f"cached {cached:,} of {prompt:,} prompt tokens (prefix cache)")
     if ev.preemptions:
         fields.append(f"preempted ×{ev.preemptions}")
     return tuple(fields)

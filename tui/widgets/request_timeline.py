@@ -305,9 +305,11 @@ def lay_out(tel: Telemetry, width: int, height: int, offset: int = 0) -> Timelin
             else f"steps {first_step:,}–{last_step:,}"
         )
     if scale.seconds_per_col > 0:
-        parts.append(f"1 col ≈ {fmt.ms(scale.seconds_per_col)}")
+        # Short: the whole title must fit the box at 160x48 (about 55 cells).
+        per_col = scale.seconds_per_col
+        parts.append(f"{per_col:.1f} s/col" if per_col >= 1 else f"{fmt.ms(per_col)}/col")
     if scale.cuts:
-        parts.append(f"{GAP} idle cut")
+        parts.append(f"{GAP} idle")
     return TimelineLayout(
         tuple(lines), " · ".join(parts), tuple(r.request_id for r in visible), offset, scale
     )
@@ -452,7 +454,7 @@ class LatencyBox(Vertical):
 
     DEFAULT_CSS = """
     LatencyBox > #spike-line { display: none; height: auto; color: $text-secondary; }
-    LatencyBox:focus > #spike-line { display: block; }
+    LatencyBox.-explained > #spike-line { display: block; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left_square_bracket,left", "move_cursor(-1)", "Previous token"),
@@ -479,6 +481,7 @@ class LatencyBox(Vertical):
         self._kept_cursor: int | None = None
         self._spike_key: object = None  # what the spike line was last worded from
         self._spike_words = ""
+        self._spike_request: str | None = None
 
     def compose(self) -> ComposeResult:
         timeline = RequestTimeline(self.telemetry, id="request-timeline")
@@ -492,8 +495,11 @@ class LatencyBox(Vertical):
 
     @property
     def spike_text(self) -> str:
-        """The line under the box, naming the cursor token's cause ("" when hidden)."""
-        return self._spike_words if self.has_focus else ""
+        """The line under the box, naming the cursor token's cause ("" when hidden).
+
+        Once shown it stays when the focus moves on (to the chat, say), so a presenter
+        can talk over it; it names its token, so it still reads without the cursor."""
+        return self._spike_words if self.has_class("-explained") else ""
 
     def toggle(self) -> None:
         """Show the other view, and take the focus so the cursor keys work at once."""
@@ -521,9 +527,12 @@ class LatencyBox(Vertical):
         self._show_spike()
 
     def _show_spike(self) -> None:
-        if not self.has_focus:
-            return
         tel = self.telemetry
+        if not self.has_focus:
+            # A kept line is about the reply it was worded for: a new one takes it away.
+            if self._spike_request != tel.itl_request:
+                self.remove_class("-explained")
+            return
         # The words change with the cursor, and with new tokens and steps while streaming.
         key = (tel.cursor, len(tel.tokens), tel.tracked_finish is not None, tel.steps_version)
         if key == self._spike_key:
@@ -534,7 +543,9 @@ class LatencyBox(Vertical):
         else:
             words = tel.explain_token(tel.cursor)
         self._spike_words = words
+        self._spike_request = tel.itl_request
         self.query_one("#spike-line", Static).update(Text(words))
+        self.add_class("-explained")
 
     def on_focus(self) -> None:
         tel = self.telemetry

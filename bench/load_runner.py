@@ -1,0 +1,647 @@
+"""Load on any Engine: N users (closed loop) or R requests/s (open loop), one point per level.
+
+A closed loop's users each send their next request when their last one ends; an open
+loop sends on a seeded schedule (`bench.arrivals`) whatever the replies do, and keeps
+each request's planned send time beside its actual one. A point runs for a number of
+prompts or a duration; an open-loop point the engine cannot keep up with stops early
+(`bench.saturation`) and says why. Prompts are exact-length synthetic ones that ignore
+EOS, drawn fresh for every request from the run's seed, so prefix caching cannot help
+unless `shared_prefix` asks it to.
+
+Nothing here prints: progress goes to `on_progress`, each finished point to `on_point`,
+so the CLI and the playground drive the same runner. Times are on the engine's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from bench.arrivals import ArrivalPattern, schedule_count, schedule_duration
+from bench.goodput import RequestSlo, goodput
+from bench.load_result import (
+    LoadConfig,
+    LoadPoint,
+    LoadResult,
+    Profile,
+    StepView,
+    level_label,
+)
+from bench.records import request_record
+from bench.saturation import SaturationWatch
+from engine.clock import Clock, RealClock
+from engine.errors import BadOption, KvscopeError
+from engine.events import (
+    GenerationRequest,
+    RequestFinished,
+    SamplingSettings,
+    ScrapeSample,
+    StepSample,
+    TokenEvent,
+)
+from engine.request_book import check_prompt_length
+from engine.stats import mean, percentile
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
+
+MAX_CONCURRENCY = 4096
+MAX_RATE = 10_000.0  # requests/s
+MAX_DURATION_S = 24 * 3600.0
+MAX_NUM_PROMPTS = 1_000_000
+
+Ceiling = Callable[[int], float]
+"""The roofline's output tokens/s at a decode batch of b requests (the point's context)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadLevel:
+    """One point's load: `concurrency` users, or `rate` requests/s."""
+
+    profile: Profile
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @classmethod
+    def users(cls, n: int, profile: Profile = "concurrency") -> LoadLevel:
+        return cls(profile, concurrency=n)
+
+    @classmethod
+    def per_second(cls, rate: float, profile: Profile = "rate") -> LoadLevel:
+        return cls(profile, rate=rate)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTick:
+    """Where a load run stands, for a progress bar."""
+
+    point: int  # 1-based
+    points: int | None  # None while a search decides how many
+    label: str
+    sent: int
+    done: int
+    planned: int | None  # requests this point plans; None for a closed loop by duration
+    elapsed_s: float
+    duration_s: float | None
+
+
+ProgressFn = Callable[[LoadTick], None]
+
+
+def levels_of(config: LoadConfig) -> list[LoadLevel]:
+    if config.mode == "concurrency":
+        return [LoadLevel.users(int(n)) for n in config.levels]
+    return [LoadLevel.per_second(r) for r in config.levels]
+
+
+def validate(config: LoadConfig) -> None:
+    """Bounds that no machine can use, refused before any work, in one plain line."""
+    if not config.levels:
+        raise BadOption(f"--{config.mode.replace('rate', 'request-rate')}", "the list is empty")
+    for v in config.levels:
+        if config.mode == "concurrency":
+            if v != int(v) or v < 1:
+                raise BadOption("--concurrency", f"{v:g} is not a positive whole number")
+            if v > MAX_CONCURRENCY:
+                raise BadOption(
+                    "--concurrency", f"{int(v):,} users is past the limit of {MAX_CONCURRENCY:,}"
+                )
+        else:
+            if math.isnan(v) or v <= 0:
+                raise BadOption("--request-rate", f"{v:g} is not a positive rate")
+            if math.isfinite(v) and v > MAX_RATE:
+                raise BadOption(
+                    "--request-rate",
+                    f"{v:,g} requests/s is past the limit of {MAX_RATE:,g} (inf sends all at once)",
+                )
+    if config.duration_s is not None and config.mode == "rate" and math.inf in config.levels:
+        raise BadOption(
+            "--duration", "a rate of inf sends everything at once: give --num-prompts instead"
+        )
+    if config.duration_s is not None and not (0 < config.duration_s <= MAX_DURATION_S):
+        raise BadOption(
+            "--duration", f"{config.duration_s:g} s is not between 0 and {MAX_DURATION_S:,.0f} s"
+        )
+    if config.num_prompts is not None and not (1 <= config.num_prompts <= MAX_NUM_PROMPTS):
+        raise BadOption(
+            "--num-prompts", f"{config.num_prompts:,} is not between 1 and {MAX_NUM_PROMPTS:,}"
+        )
+    if not (0 <= config.range_ratio < 1):
+        raise BadOption("--range-ratio", f"{config.range_ratio:g} is not in [0, 1)")
+    if config.prompt_len < 1 or config.output_len < 1:
+        raise BadOption("--prompt-lens", "prompt and output lengths must be positive")
+    low = lengths_range(config.prompt_len, config.range_ratio)[0]
+    if config.shared_prefix < 0 or (config.shared_prefix and config.shared_prefix >= low):
+        raise BadOption(
+            "--shared-prefix",
+            f"{config.shared_prefix:,} tokens must be fewer than the shortest prompt ({low:,})",
+        )
+    if config.warmup < 0:
+        raise BadOption("--warmup", f"{config.warmup} is negative")
+    ArrivalPattern(1.0, config.arrival, config.burstiness).validate()
+
+
+def lengths_range(n: int, ratio: float) -> tuple[int, int]:
+    """vLLM's random dataset: lengths uniform in [n(1 - r), n(1 + r)], at least 1."""
+    return max(int(n * (1 - ratio)), 1), int(n * (1 + ratio))
+
+
+def planned_count(config: LoadConfig, level: LoadLevel) -> int:
+    """Requests a point sends when neither --num-prompts nor --duration says: enough for
+    every user several times over, or four seconds' worth of the rate."""
+    if config.num_prompts is not None:
+        return config.num_prompts
+    if level.concurrency is not None:
+        return max(8, 4 * level.concurrency)
+    rate = level.rate or 1.0
+    return 16 if math.isinf(rate) else max(8, min(1000, math.ceil(4 * rate)))
+
+
+class PromptMaker:
+    """The requests of one point, each its own seeded prompt (no shared prefix unless
+    asked): seeds differ between runs because the run's seed does."""
+
+    def __init__(self, engine: Engine, config: LoadConfig, point: int) -> None:
+        self.engine, self.config, self.point = engine, config, point
+        self._rng = random.Random(f"{config.seed}/{point}/lengths")
+        self._prefix: tuple[int, ...] = ()
+        if config.shared_prefix:
+            longest = lengths_range(config.prompt_len, config.range_ratio)[1]
+            ids = engine.synthetic_prompt(longest, seed=self._seed(-1))
+            self._prefix = ids[: config.shared_prefix]
+
+    def _seed(self, i: int) -> int:
+        return (self.config.seed * 1_000_003 + self.point) * 1_000_033 + i
+
+    def make(self, i: int, tag: str = "") -> GenerationRequest:
+        c = self.config
+        n = self._rng.randint(*lengths_range(c.prompt_len, c.range_ratio))
+        out = self._rng.randint(*lengths_range(c.output_len, c.range_ratio))
+        ids = self.engine.synthetic_prompt(n, seed=self._seed(i))
+        if self._prefix:
+            ids = self._prefix + ids[len(self._prefix) :]
+        return GenerationRequest(
+            f"load-{c.seed}-{self.point}{tag}-{i}",
+            prompt_token_ids=ids,
+            sampling=SamplingSettings(max_tokens=out, ignore_eos=True),
+        )
+
+
+@dataclass(eq=False)
+class _Sent:
+    request: GenerationRequest
+    planned_s: float | None
+    sent_s: float = 0.0
+    user: int | None = None
+    finished: RequestFinished | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Taps:
+    """The engine's own view while a point runs: its step samples or its scrapes."""
+
+    steps: list[StepSample] = field(default_factory=list)
+    scrapes: list[ScrapeSample] = field(default_factory=list)
+    removers: list[Callable[[], None]] = field(default_factory=list)
+
+    def attach(self, engine: Engine) -> None:
+        features = engine.features
+        # Listeners run on the engine's thread: a list append is all they do.
+        if features.exact_steps:
+            self.removers.append(engine.add_step_listener(self.steps.append))
+        elif features.remote is not None:
+            self.removers.append(features.remote.add_scrape_listener(self.scrapes.append))
+
+    def detach(self) -> None:
+        for remove in self.removers:
+            remove()
+        self.removers.clear()
+
+
+class _Point:
+    """One point in flight: its sends, its watch, and when to stop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        level: LoadLevel,
+        label: str,
+        tick: Callable[[_Point], None],
+    ) -> None:
+        self.engine, self.clock, self.level, self.label = engine, clock, level, label
+        self.tick = tick
+        self.start = clock.now()
+        self.sent: list[_Sent] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.done = 0
+        self.in_flight = 0
+        self.peak = 0
+        self.stop_reason: str | None = None
+        self.stopped = asyncio.Event()
+        checked = level.rate is not None and math.isfinite(level.rate)
+        self.watch = SaturationWatch() if checked else None
+        self.planned: int | None = None
+        self.duration_s: float | None = None
+
+    def elapsed(self) -> float:
+        return self.clock.now() - self.start
+
+    async def send(self, s: _Sent) -> None:
+        s.sent_s = self.clock.now() - self.start
+        self.sent.append(s)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.watch is not None:
+            self.watch.sent(s.sent_s)
+        self.tick(self)
+        try:
+            async for event in self.engine.stream(s.request):
+                if isinstance(event, TokenEvent) and event.index == 0 and self.watch:
+                    self.watch.first_token(s.sent_s, event.time_s - self.start - s.sent_s)
+                elif isinstance(event, RequestFinished):
+                    s.finished = event
+        except KvscopeError as exc:
+            s.error = exc.plain()
+        finally:
+            self.in_flight -= 1
+            self.done += 1
+            if self.watch is not None:
+                self.watch.ended(self.elapsed())
+        self._check()
+        self.tick(self)
+
+    def spawn(self, s: _Sent) -> None:
+        task = asyncio.get_running_loop().create_task(self.send(s))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _check(self) -> None:
+        if self.watch is None or self.stop_reason is not None:
+            return
+        reason = self.watch.verdict(self.elapsed())
+        if reason is not None:
+            self.stop_reason = reason
+            self.stopped.set()
+
+    async def sleep_until(self, t: float) -> bool:
+        """Sleep to `t` s from the start in short steps; False if the point stopped."""
+        while not self.stopped.is_set():
+            left = self.start + t - self.clock.now()
+            if left <= 0:
+                return True
+            await self.clock.sleep(min(left, 0.25))
+            self._check()
+        return False
+
+
+async def run_load(
+    engine: Engine,
+    config: LoadConfig,
+    *,
+    levels: list[LoadLevel] | None = None,
+    on_point: Callable[[LoadPoint], None] | None = None,
+    on_progress: ProgressFn | None = None,
+    ceiling: Ceiling | None = None,
+    clock: Clock | None = None,
+    result: LoadResult | None = None,
+) -> LoadResult:
+    """Measure each level in turn (default: the config's), after the warm-up."""
+    validate(config)
+    card = engine.card
+    result = result if result is not None else LoadResult(config)
+    result.model = asdict(card) if card else None
+    todo = levels if levels is not None else levels_of(config)
+    runner = LoadRunner(engine, config, on_progress=on_progress, ceiling=ceiling, clock=clock)
+    await runner.warm_up()
+    for level in todo:
+        point = await runner.measure(level, points=len(todo))
+        result.points.append(point)
+        if on_point:
+            on_point(point)
+    return result
+
+
+class LoadRunner:
+    """Measures load points on one engine; `run_load`, `--sweep` and `--find-max` use it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: LoadConfig,
+        *,
+        on_progress: ProgressFn | None = None,
+        ceiling: Ceiling | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.engine, self.config = engine, config
+        self.on_progress = on_progress
+        self.ceiling = ceiling
+        self.clock: Clock = clock or engine.features.clock or RealClock()
+        self.index = 0
+
+    async def warm_up(self) -> None:
+        """The first requests of a fresh engine pay one-off costs: a few, unmeasured."""
+        if not self.config.warmup:
+            return
+        maker = PromptMaker(self.engine, replace(self.config, shared_prefix=0), 0)
+        card = self.engine.card
+        for i in range(self.config.warmup):
+            request = maker.make(i, "-warmup")
+            ids = request.prompt_token_ids or ()
+            if card is not None and len(ids) >= card.max_model_len:
+                return  # the point itself will say so
+            short = replace(request, sampling=replace(request.sampling, max_tokens=4))
+            try:
+                async for _ in self.engine.stream(short):
+                    pass
+            except KvscopeError:
+                return
+
+    async def measure(self, level: LoadLevel, *, points: int | None = None) -> LoadPoint:
+        self.index += 1
+        c = self.config
+        maker = PromptMaker(self.engine, c, self.index)
+        label = level_label(level.profile, level.concurrency, level.rate)
+        total = points
+
+        def tick(p: _Point) -> None:
+            if self.on_progress:
+                self.on_progress(
+                    LoadTick(
+                        self.index,
+                        total,
+                        label,
+                        len(p.sent),
+                        p.done,
+                        p.planned,
+                        p.elapsed(),
+                        p.duration_s,
+                    )
+                )
+
+        card = self.engine.card
+        if card is not None:
+            longest = lengths_range(c.prompt_len, c.range_ratio)[1]
+            try:
+                check_prompt_length(longest, card.max_model_len)
+            except KvscopeError as exc:
+                return _failed(level, exc.plain())
+        taps = _Taps()
+        try:
+            if level.rate is not None:
+                plan = self._plan(level.rate)
+                requests = [maker.make(i) for i in range(len(plan))]
+                taps.attach(self.engine)
+                point = _Point(self.engine, self.clock, level, label, tick)
+                point.planned, point.duration_s = len(plan), c.duration_s
+                await _open_loop(point, requests, plan)
+            else:
+                users = level.concurrency or 1
+                count = None if c.duration_s is not None else planned_count(c, level)
+                ready = [maker.make(i) for i in range(count)] if count is not None else []
+                taps.attach(self.engine)
+                point = _Point(self.engine, self.clock, level, label, tick)
+                point.planned, point.duration_s = count, c.duration_s
+                await _closed_loop(point, users, ready, count, maker, c.duration_s)
+        finally:
+            taps.detach()
+        return self._summarize(point, taps)
+
+    def _plan(self, rate: float) -> list[float]:
+        c = self.config
+        pattern = ArrivalPattern(rate, c.arrival, c.burstiness, seed=c.seed * 7919 + self.index)
+        if c.duration_s is not None and math.isfinite(rate):
+            plan = schedule_duration(pattern, c.duration_s)
+            return plan or [0.0]
+        return schedule_count(pattern, planned_count(c, LoadLevel.per_second(rate)))
+
+    def _summarize(self, p: _Point, taps: _Taps) -> LoadPoint:
+        c = self.config
+        done = [s for s in p.sent if s.finished is not None and s.finished.reason != "abort"]
+        aborted = sum(1 for s in p.sent if s.finished is not None and s.finished.reason == "abort")
+        failed = [s for s in p.sent if s.finished is None and s.error is not None]
+        aborted += sum(1 for s in p.sent if s.finished is None and s.error is None)
+        fins = [s.finished for s in done if s.finished is not None]
+        ends = [s.sent_s + f.e2e_s for s in done if (f := s.finished) is not None]
+        duration = max([p.elapsed(), *ends]) if p.stop_reason is None else p.elapsed()
+        level = p.level
+        if not fins:
+            why = failed[0].error if failed else (p.stop_reason or "no request completed")
+            failed_point = _failed(level, why or "no request completed", aborted=aborted)
+            return replace(failed_point, failed=len(failed), stopped_early=p.stop_reason)
+        ttft = [f.ttft_s for f in fins if f.ttft_s is not None]
+        slos = [RequestSlo.of(f.ttft_s, f.e2e_s, f.output_tokens) for f in fins]
+        tpot = [r.tpot_s for r, f in zip(slos, fins, strict=True) if f.output_tokens > 1]
+        itl = [x for f in fins for x in f.itl_s]
+        e2el = [f.e2e_s for f in fins]
+        total_in = sum(f.prompt_tokens for f in fins)
+        total_out = sum(f.output_tokens for f in fins)
+        figures: dict[str, Any] = {}
+        for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+            figures[f"mean_{name}_ms"] = mean(values) * 1e3
+            for stat, pct in (("median", 50), ("p90", 90), ("p99", 99)):
+                figures[f"{stat}_{name}_ms"] = percentile(values, pct) * 1e3
+        if c.goodput:
+            g = goodput(slos, c.goodput, duration)
+            figures["request_goodput"] = g.request_goodput
+            figures["slo_all_within"] = g.all_within
+            for name, share in g.within.items():
+                figures[f"slo_{name}_within"] = share
+        errors = [
+            (s.sent_s - s.planned_s) * 1e3 for s in p.sent if s.planned_s is not None
+        ]  # fmt: skip
+        if errors:
+            figures["schedule_error_p50_ms"] = percentile(errors, 50)
+            figures["schedule_error_p99_ms"] = percentile(errors, 99)
+        known = [f.cached_prompt_tokens for f in fins if f.cached_prompt_tokens is not None]
+        steps, queued = _step_view(taps, p.start, done)
+        notes = _notes(p, steps, queued, len(done))
+        if known and sum(known) > 0:
+            share = sum(known) / max(total_in, 1)
+            notes.append(
+                f"the prefix cache served {share:.0%} of the prompt tokens: "
+                "prefills look cheaper than they are"
+            )
+        batch = level.concurrency or (round(steps.mean_running) if steps else None)
+        roof = self.ceiling(max(batch, 1)) if self.ceiling and batch else None
+        return LoadPoint(
+            profile=level.profile,
+            max_concurrency=level.concurrency,
+            request_rate=level.rate,
+            burstiness=c.burstiness if level.rate is not None else None,
+            completed=len(fins),
+            failed=len(failed),
+            aborted=aborted,
+            total_input_tokens=total_in,
+            total_output_tokens=total_out,
+            duration_s=duration,
+            request_throughput=len(fins) / duration if duration > 0 else 0.0,
+            output_throughput=total_out / duration if duration > 0 else 0.0,
+            total_token_throughput=(total_in + total_out) / duration if duration > 0 else 0.0,
+            max_concurrent_requests=p.peak,
+            queued_requests=queued,
+            cached_prompt_tokens=sum(known) if known else None,
+            roofline_output_throughput=roof,
+            stopped_early=p.stop_reason,
+            notes=tuple(notes),
+            steps=steps,
+            requests=tuple(_record(s) for s in done),
+            **figures,
+        )
+
+
+async def _open_loop(p: _Point, requests: list[GenerationRequest], plan: list[float]) -> None:
+    for request, t in zip(requests, plan, strict=True):
+        if not await p.sleep_until(t):
+            break
+        p.spawn(_Sent(request, planned_s=t))
+    await _drain(p)
+
+
+async def _closed_loop(
+    p: _Point,
+    users: int,
+    ready: list[GenerationRequest],
+    count: int | None,
+    maker: PromptMaker,
+    duration_s: float | None,
+) -> None:
+    order = itertools.count()
+
+    async def user(u: int) -> None:
+        while not p.stopped.is_set():
+            if duration_s is not None and p.elapsed() >= duration_s:
+                return
+            i = next(order)
+            if count is not None and i >= count:
+                return
+            request = ready[i] if i < len(ready) else maker.make(i)
+            await p.send(_Sent(request, planned_s=None, user=u))
+
+    await asyncio.gather(*(user(u) for u in range(users)))
+
+
+async def _drain(p: _Point) -> None:
+    """Wait for the replies in flight; on an early stop, abort them instead."""
+    while p.tasks:
+        waiter = asyncio.ensure_future(p.stopped.wait())
+        await asyncio.wait({*p.tasks, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if p.stopped.is_set():
+            for task in list(p.tasks):
+                task.cancel()  # the stream's consumer walks away: the engine aborts it
+            await asyncio.gather(*p.tasks, return_exceptions=True)
+        waiter.cancel()
+
+
+def _failed(level: LoadLevel, why: str, aborted: int = 0) -> LoadPoint:
+    return LoadPoint(
+        profile=level.profile,
+        max_concurrency=level.concurrency,
+        request_rate=level.rate,
+        burstiness=None,
+        ok=False,
+        error=why,
+        aborted=aborted,
+    )
+
+
+def _record(s: _Sent) -> dict[str, Any]:
+    assert s.finished is not None
+    out = request_record(s.finished)
+    out["sent_s"] = s.sent_s
+    if s.planned_s is not None:
+        out["planned_s"] = s.planned_s
+        out["schedule_error_s"] = s.sent_s - s.planned_s
+    if s.user is not None:
+        out["user"] = s.user
+    return out
+
+
+def _step_view(taps: _Taps, start: float, done: list[_Sent]) -> tuple[StepView | None, int]:
+    """The engine's view over the point, and how many requests waited behind a step."""
+    steps = [s for s in taps.steps if not s.idle and s.started_at >= start - 1e-9]
+    if steps:
+        total = sum(s.duration_s for s in steps)
+        waiting = [s for s in steps if s.waiting > 0]
+        kv_short = 0
+        sent_at = {s.request.request_id: start + s.sent_s for s in done if s.finished is not None}
+        need = {
+            s.request.request_id: len(s.request.prompt_token_ids or ()) for s in done
+        }  # fmt: skip
+        for s in waiting:
+            head = s.waiting_ids[0] if s.waiting_ids else None
+            blocks = -(-need.get(head or "", 0) // max(s.block_size, 1))
+            if head is not None and s.free_blocks < blocks:
+                kv_short += 1
+        view = StepView(
+            source="steps",
+            samples=len(steps),
+            mean_running=mean([float(s.running) for s in steps]),
+            max_running=max(s.running for s in steps),
+            mean_waiting=mean([float(s.waiting) for s in steps]),
+            max_waiting=max(s.waiting for s in steps),
+            mean_kv_usage=mean([s.kv_usage for s in steps]),
+            max_kv_usage=max(s.kv_usage for s in steps),
+            preemptions=sum(s.preemptions for s in steps),
+            prefill_time_share=(
+                sum(s.duration_s for s in steps if s.prefill_tokens) / total if total else 0.0
+            ),
+            waiting_step_share=len(waiting) / len(steps),
+            kv_bound_share=kv_short / len(waiting) if waiting else 0.0,
+            budget_bound_share=(len(waiting) - kv_short) / len(waiting) if waiting else 0.0,
+        )
+        return view, _queued(steps, sent_at)
+    scrapes = [s for s in taps.scrapes if s.time_s >= start]
+    if scrapes:
+        view = StepView(
+            source="scrapes",
+            samples=len(scrapes),
+            mean_running=mean([float(s.running) for s in scrapes]),
+            max_running=max(s.running for s in scrapes),
+            mean_waiting=mean([float(s.waiting) for s in scrapes]),
+            max_waiting=max(s.waiting for s in scrapes),
+            mean_kv_usage=mean([s.kv_usage for s in scrapes]),
+            max_kv_usage=max(s.kv_usage for s in scrapes),
+            preemptions=sum(s.new_preemptions for s in scrapes),
+        )
+        return view, 0
+    return None, 0
+
+
+def _queued(steps: list[StepSample], sent_at: dict[str, float]) -> int:
+    """Requests that a step started after their send left out: they waited for others,
+    in the engine's queue or for KV blocks (a request sent during a step waits for
+    that step to end, which is not queueing)."""
+    first: dict[str, float] = {}
+    for s in steps:
+        for w in s.work:
+            first.setdefault(w.request_id, s.started_at)
+    queued = 0
+    for rid, sent in sent_at.items():
+        began = first.get(rid)
+        if began is None:
+            continue
+        if any(sent <= s.started_at < began for s in steps):
+            queued += 1
+    return queued
+
+
+def _notes(p: _Point, steps: StepView | None, queued: int, completed: int) -> list[str]:
+    notes = []
+    if p.stop_reason:
+        notes.append(f"stopped early after {len(p.sent)} requests: {p.stop_reason}")
+    if queued:
+        where = f", up to {steps.max_waiting} waiting at once" if steps else ""
+        notes.append(f"{queued} of {completed} requests waited in the engine's queue{where}")
+    elif steps is not None and steps.max_waiting and steps.source == "scrapes":
+        notes.append(f"up to {steps.max_waiting} requests waited in the server's queue")
+    if steps is not None and steps.preemptions:
+        notes.append(f"{steps.preemptions} preemption(s): the KV pool ran out of blocks")
+    return notes

@@ -1,0 +1,298 @@
+"""`kvscope bench` in load mode: users or request rates, `--sweep` and `--find-max`.
+
+A list of concurrencies, any `--request-rate`, `--sweep`, `--find-max` or a load-only
+flag (`--num-prompts`, `--duration`, `--goodput`, ...) turns it on; one concurrency with
+prompt lengths stays the prompt-length sweep. Flags are checked before any engine starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from bench.arrivals import ARRIVAL_KINDS
+from bench.goodput import parse_goodput
+from bench.load_result import LoadConfig, LoadResult
+from bench.load_runner import LoadRunner, LoadTick, levels_of, validate
+from bench.sweep_result import fresh_seed
+from cli.load_table import render_load
+from cli.result_files import ResultFile, say_problems
+from cli.roofline import parse_int_list, parse_int_option
+from engine.errors import BadOption, KvscopeError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from bench.arrivals import ArrivalKind
+    from bench.load_result import LoadPoint
+    from bench.load_runner import Ceiling
+    from engine.protocol import Engine
+
+EXIT_SOME_FAILED = 3
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "load (a --concurrency list, --request-rate, --sweep or --find-max turns it on)"
+    )
+    g.add_argument(
+        "--request-rate",
+        metavar="R,R,...",
+        help="open loop: requests/s per point, e.g. 0.5,1,2,inf (inf sends all at once)",
+    )
+    g.add_argument(
+        "--arrival",
+        choices=ARRIVAL_KINDS,
+        help="how an open loop spaces its sends (poisson; gamma when --burstiness is set)",
+    )
+    g.add_argument(
+        "--burstiness", metavar="K", help="gamma shape of the gaps, as vLLM's (1 = Poisson)"
+    )
+    g.add_argument(
+        "--seed", metavar="N", help="prompt and arrival seed (default: a fresh one each run)"
+    )
+    g.add_argument("--num-prompts", metavar="N", help="requests per point")
+    g.add_argument("--duration", metavar="S", help="seconds per point (instead of a count)")
+    g.add_argument(
+        "--range-ratio",
+        metavar="R",
+        help="spread prompt and output lengths over [n(1-R), n(1+R)], as vLLM's random dataset",
+    )
+    g.add_argument(
+        "--shared-prefix",
+        metavar="N",
+        help="every prompt of a point starts with the same N tokens (studies prefix caching)",
+    )
+    g.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:MS",
+        help="objectives, as vLLM's: ttft:2000 tpot:100 e2el:10000 (milliseconds)",
+    )
+    g.add_argument(
+        "--sweep",
+        action="store_true",
+        help="synchronous, then all at once, then rates in between (GuideLLM's sweep)",
+    )
+    g.add_argument(
+        "--find-max",
+        action="store_true",
+        help="search the highest load that meets --goodput (rate, or users with --concurrency)",
+    )
+
+
+_LOAD_ONLY = ("num_prompts", "duration", "goodput", "range_ratio", "shared_prefix")
+
+
+def wants_load(args: argparse.Namespace) -> bool:
+    several_users = args.concurrency is not None and "," in str(args.concurrency)
+    return (
+        several_users
+        or args.request_rate is not None
+        or args.sweep
+        or args.find_max
+        or any(getattr(args, name) is not None for name in _LOAD_ONLY)
+    )
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    items = [part.strip() for part in str(text).split(",")]
+    rates = []
+    for item in items:
+        try:
+            rate = float(item)
+        except ValueError:
+            raise BadOption("--request-rate", f"{item!r} is not a number (or inf)") from None
+        rates.append(rate)
+    return tuple(rates)
+
+
+def _float(value: Any, option: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise BadOption(option, f"{value!r} is not a number") from None
+    if math.isnan(number):
+        raise BadOption(option, "NaN is not a number")
+    return number
+
+
+def load_config_from_args(args: argparse.Namespace) -> LoadConfig:
+    """Every load flag checked, in one plain line each, before any engine starts."""
+    prompt_lens = parse_int_list(
+        "512" if args.prompt_lens is None else args.prompt_lens, "--prompt-lens"
+    )
+    if len(prompt_lens) > 1:
+        raise BadOption(
+            "--prompt-lens", "load mode measures one prompt length (--range-ratio spreads it)"
+        )
+    if args.sweep and args.find_max:
+        raise BadOption("--sweep", "choose --sweep or --find-max, not both")
+    rate_mode = args.request_rate is not None or (
+        args.concurrency is None and (args.sweep or args.find_max)
+    )
+    if args.request_rate is not None and args.concurrency is not None:
+        raise BadOption("--request-rate", "give --request-rate or --concurrency, not both")
+    if rate_mode:
+        levels = parse_rates(args.request_rate or "1")
+    else:
+        levels = tuple(float(n) for n in parse_int_list(args.concurrency or "1", "--concurrency"))
+    burstiness = 1.0 if args.burstiness is None else _float(args.burstiness, "--burstiness")
+    arrival: ArrivalKind = args.arrival or ("gamma" if burstiness != 1.0 else "poisson")
+    if args.burstiness is not None and arrival != "gamma" and burstiness != 1.0:
+        raise BadOption(
+            "--burstiness", f"it shapes gamma arrivals, not {arrival} ones: use --arrival gamma"
+        )
+    if (args.arrival or args.burstiness) and not rate_mode:
+        which = "--arrival" if args.arrival else "--burstiness"
+        raise BadOption(which, "it shapes an open loop's arrivals: give --request-rate")
+    if args.num_prompts is not None and args.duration is not None:
+        raise BadOption("--duration", "give --duration or --num-prompts, not both")
+    goodput = parse_goodput(args.goodput) if args.goodput is not None else {}
+    if args.find_max and not goodput:
+        raise BadOption("--find-max", "it searches within objectives: give --goodput ttft:MS ...")
+    seed = fresh_seed() if args.seed is None else parse_int_option(args.seed, "--seed", 0)
+    config = LoadConfig(
+        mode="rate" if rate_mode else "concurrency",
+        levels=levels,
+        prompt_len=prompt_lens[0],
+        output_len=parse_int_option(args.output_len, "--output-len", 1),
+        range_ratio=0.0 if args.range_ratio is None else _float(args.range_ratio, "--range-ratio"),
+        num_prompts=None
+        if args.num_prompts is None
+        else parse_int_option(args.num_prompts, "--num-prompts", 1),
+        duration_s=None if args.duration is None else _float(args.duration, "--duration"),
+        warmup=parse_int_option(args.warmup, "--warmup", 0),
+        arrival=arrival,
+        burstiness=burstiness,
+        seed=seed,
+        shared_prefix=0
+        if args.shared_prefix is None
+        else parse_int_option(args.shared_prefix, "--shared-prefix", 0),
+        goodput=goodput,
+        sweep=args.sweep,
+        find_max=args.find_max,
+    )
+    validate(config)
+    return config
+
+
+def check_load_output_len(config: LoadConfig, max_model_len: int | None) -> None:
+    if max_model_len and config.output_len >= max_model_len:
+        raise BadOption(
+            "--output-len",
+            f"{config.output_len:,} is not below the context limit (max_model_len) of "
+            f"{max_model_len:,}, which the prompt and the output share",
+        )
+
+
+def load_files(args: argparse.Namespace) -> list[ResultFile]:
+    files: list[ResultFile] = []
+    if args.json_path:
+        files.append(ResultFile("--json", args.json_path, LoadResult.to_json))
+    if args.csv_path:
+        files.append(ResultFile("--csv", args.csv_path, LoadResult.to_csv))
+    return files
+
+
+def ceiling_for(engine: Engine, config: LoadConfig, hardware: str | None) -> Ceiling | None:
+    """The roofline's batched-decode ceiling for the engine's model, when there is one."""
+    from cli.launch import say
+
+    card = engine.card
+    if hardware is None or card is None or card.device == "fake":
+        return None
+    try:
+        from roofline.batched import throughput_ceiling
+        from roofline.hardware import load_geometry, load_profile
+
+        geom = load_geometry(card.path)
+        hw = load_profile(hardware, option="--hardware")
+    except KvscopeError as exc:
+        say(f"no roofline ceiling: {exc.plain()}")
+        return None
+    return throughput_ceiling(geom, hw, config.prompt_len + config.output_len // 2)
+
+
+def measure_load(
+    engine: Engine,
+    config: LoadConfig,
+    result: LoadResult,
+    files: list[ResultFile],
+    *,
+    hardware: str | None,
+) -> None:
+    """Run the load on a started engine, saving the files after every point."""
+    import dataclasses
+
+    from bench.find_max import find_max
+    from bench.load_sweep import run_load_sweep
+    from cli.launch import progress_bar
+
+    card = engine.card
+    check_load_output_len(config, card.max_model_len if card else None)
+    result.model = dataclasses.asdict(card) if card else None
+    ceiling = ceiling_for(engine, config, hardware)
+    if ceiling is not None and hardware:
+        result.hardware = {"key": hardware}
+
+    def save(point: LoadPoint) -> None:
+        result.points.append(point)
+        for f in files:
+            f.write(result)
+
+    with progress_bar("load") as progress:
+        task = progress.add_task("load", total=1, stage="")
+
+        def on_progress(t: LoadTick) -> None:
+            of = f"/{t.points}" if t.points else ""
+            planned = t.planned or max(t.sent, 1)
+            progress.update(
+                task,
+                total=planned,
+                completed=t.done,
+                description=f"point {t.point}{of}: {t.label}",
+                stage=f"{t.done}/{t.planned or '?'} done, {t.sent - t.done} in flight",
+            )
+
+        runner = LoadRunner(engine, config, on_progress=on_progress, ceiling=ceiling)
+
+        async def run() -> None:
+            await runner.warm_up()
+            if config.sweep:
+                await run_load_sweep(runner, on_point=save)
+            elif config.find_max:
+                found = await find_max(
+                    runner,
+                    config.mode,
+                    config.levels[0],
+                    config.goodput,
+                    on_probe=lambda probe: save(probe.point),
+                )
+                result.find_max = found.to_dict()
+            else:
+                for level in levels_of(config):
+                    save(await runner.measure(level, points=len(config.levels)))
+
+        asyncio.run(run())
+    result.complete = True
+    for f in files:
+        f.write(result)
+
+
+def report_load(result: LoadResult, files: list[ResultFile]) -> int:
+    render_load(result, Console(file=sys.stdout, width=160))
+    say_problems(files)
+    failed = [p for p in result.points if not p.ok]
+    if failed:
+        print(
+            f"kvscope: {len(failed)} of {len(result.points)} load points failed: "
+            + "; ".join(f"{p.label}: {p.error}" for p in failed),
+            file=sys.stderr,
+        )
+        return EXIT_SOME_FAILED
+    return 0

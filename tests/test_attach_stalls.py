@@ -1,0 +1,102 @@
+"""A real vLLM CPU server frozen with SIGSTOP, before a request and in the middle of one:
+the attached engine says which wait ran out and after how long, keeps the tokens it had,
+and works again once the server is let go (SIGCONT). The fake-server cases of the same
+timeouts are in tests/test_bad_input_attach.py; this is the one that needs the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+from remote_server import API_KEY
+
+from engine.events import (
+    ChatMessage,
+    EngineEvent,
+    GenerationRequest,
+    RequestFinished,
+    SamplingSettings,
+    TokenEvent,
+)
+from engine.remote import RemoteEngine
+from engine.remote.timeouts import ServerStalled, Timeouts
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from remote_server import VllmServer
+
+pytestmark = pytest.mark.engine
+
+
+@contextlib.contextmanager
+def frozen(server: VllmServer) -> Iterator[None]:
+    """The server's whole process group stopped, and always let go again."""
+    assert server.proc is not None
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+
+
+def chat(request_id: str) -> GenerationRequest:
+    return GenerationRequest(
+        request_id,
+        messages=(ChatMessage("user", "Count from one to twenty."),),
+        sampling=SamplingSettings(8, ignore_eos=True),
+    )
+
+
+async def test_a_frozen_server_is_named_at_once_and_works_once_thawed(
+    vllm_server: VllmServer,
+) -> None:
+    engine = RemoteEngine(
+        vllm_server.url, api_key=API_KEY, kv_events=None, timeouts=Timeouts(5, 0.5, 0.5)
+    )
+    engine.start()
+    try:
+        with frozen(vllm_server):
+            began = time.perf_counter()
+            with pytest.raises(ServerStalled) as before:
+                async for _ in engine.stream(chat("frozen-before")):
+                    pass
+            took = time.perf_counter() - began
+        assert before.value.wait == "first byte"
+        assert took < 3, f"{took:.1f} s"
+        assert "sent nothing for 0.5 s after the request" in before.value.plain()
+        # What the frozen server was sent is still in its queue: let it be served.
+        await asyncio.sleep(1.0)
+
+        # A loaded 2-core box may take seconds to the first token once thawed, and some
+        # hundred ms between two: the first byte may take its time now, not a gap.
+        engine.timeouts = Timeouts(5, 60, 2)
+        tokens: list[EngineEvent] = []
+        stop = contextlib.ExitStack()
+        try:
+            with pytest.raises(ServerStalled) as during:  # noqa: PT012
+                async for event in engine.stream(chat("frozen-during")):
+                    if isinstance(event, TokenEvent):
+                        tokens.append(event)
+                        if len(tokens) == 1:
+                            stop.enter_context(frozen(vllm_server))
+        finally:
+            stop.close()
+        assert during.value.wait == "between chunks"
+        assert during.value.tokens_received == sum(
+            len(t.token_ids) for t in tokens if isinstance(t, TokenEvent)
+        )
+        assert "the reply so far is kept" in during.value.plain().lower()
+
+        await asyncio.sleep(0.2)  # thawed: the next request is served whole
+        events = [e async for e in engine.stream(chat("thawed"))]
+        assert isinstance(events[-1], RequestFinished)
+        assert events[-1].output_tokens == 8
+    finally:
+        engine.shutdown()
