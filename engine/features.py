@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from engine.clock import Clock
-    from engine.fleet.fleet_state import FleetState
     from engine.events import (
         ModelCard,
         PrefixCacheView,
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
         StepStartListener,
         UserMessage,
     )
+    from engine.fleet.fleet_state import FleetState
     from engine.memory_budget import MemoryBudget
     from engine.replay.engine import ReplayEngine
 

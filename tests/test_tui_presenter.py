@@ -390,3 +390,16 @@ async def _preempted(pilot: Pilot[int]) -> None:
 )
 def test_preemption_explained_snapshot(snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(make_app(TINY_POOL), terminal_size=size, run_before=_preempted)
+
+
+async def test_the_palette_offers_kvscopes_own_themes_only() -> None:
+    from tui_helpers import WIDE, engine_ready, make_app
+
+    from themes import all_themes
+
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        ours = {t.name for t in all_themes()}
+        assert set(app.available_themes) - {"textual-ansi"} == ours
+        assert len(ours) == 3

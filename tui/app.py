@@ -123,6 +123,13 @@ class KvscopeApp(App[int]):
                 title="Theme",
                 severity="warning",
             )
+        # The palette offers kvscope's themes only (the README's three): Textual's own are
+        # not tuned for the block map's colours. Textual keeps "textual-ansi" for
+        # terminals limited to ANSI colours.
+        ours = {t.name for t in all_themes()}
+        for name in list(self.available_themes):
+            if name not in ours and name != "textual-ansi":
+                self.unregister_theme(name)
         if self.settings.problem:
             self.notify(self.settings.problem, title="Settings", severity="warning")
         self.theme_changed_signal.subscribe(self, self._remember_theme)
@@ -178,14 +185,15 @@ class KvscopeApp(App[int]):
         path: str | None = None,
         time_format: str | None = None,
     ) -> str | None:
-        """Save into the working folder (or kvscope's data folder if that is not
+        """Save into kvscope's screenshots folder (or the working folder if that is not
         writable), never into a ~/Downloads that may not exist; the toast says where."""
         if path is None:
             folder = screenshot_folder(self.screenshot_folder)
             if folder is None:
                 self.notify(
-                    "Could not save a screenshot: neither the working folder nor "
-                    f"{platformdirs.user_data_dir('kvscope')} can be written.",
+                    "Could not save a screenshot: neither "
+                    f"{Path(platformdirs.user_data_dir('kvscope')) / 'screenshots'} nor the "
+                    "working folder can be written.",
                     title="Screenshot",
                     severity="error",
                 )
@@ -271,9 +279,10 @@ def _svg_name(title: str, time_format: str | None) -> str:
 
 
 def screenshot_folder(preferred: Path | None = None) -> Path | None:
-    """The first writable of: `preferred`, the working folder, kvscope's data folder."""
+    """The first writable of: `preferred`, kvscope's own screenshots folder, the working
+    folder. Not the working folder first: in a clone of kvscope that is the repository."""
     candidates = [preferred] if preferred is not None else []
-    candidates += [Path.cwd(), Path(platformdirs.user_data_dir("kvscope"))]
+    candidates += [Path(platformdirs.user_data_dir("kvscope")) / "screenshots", Path.cwd()]
     for folder in candidates:
         try:
             private_dir(folder)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+import platformdirs
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding, BindingType
@@ -21,7 +22,7 @@ from bench.sweep import floors_for_card, run_sweep
 from bench.sweep_files import SweepFileError, load_saved_sweeps
 from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import KvscopeError
-from engine.paths import write_private
+from engine.paths import private_dir, write_private
 from engine.stats import percentile
 from tui import format as fmt
 from tui.sweep_overlay import Overlay, overlay_text
@@ -47,6 +48,16 @@ if TYPE_CHECKING:
     from engine.protocol import Engine
     from tui.host_watch import HostWatch
     from tui.plotting import PlotRenderer
+
+
+def sweeps_folder() -> Path:
+    """Where exports go unless told otherwise, written with `~` for the home folder: not
+    the working folder, which in a clone of kvscope is the repository."""
+    folder = Path(platformdirs.user_data_dir("kvscope")) / "sweeps"
+    try:
+        return Path("~") / folder.relative_to(Path.home())
+    except ValueError:
+        return folder
 
 
 class SweepScreen(Screen[None]):
@@ -136,14 +147,16 @@ class SweepScreen(Screen[None]):
                 yield Static("", id="sweep-host")
                 with Horizontal(classes="field"):
                     yield Label("export to", classes="field-label")
-                    yield Input("kvscope-sweep", id="export-path", compact=True)
+                    yield Input(
+                        str(sweeps_folder() / "kvscope-sweep"), id="export-path", compact=True
+                    )
                 with Horizontal(id="export-buttons"):
                     yield Button("JSON (F7)", id="export-json", compact=True)
                     yield Button("CSV (F8)", id="export-csv", compact=True)
                 with Horizontal(classes="field", id="load-field"):
                     yield Label("compare with", classes="field-label")
                     yield Input(
-                        "kvscope-sweep.json",
+                        str(sweeps_folder() / "kvscope-sweep.json"),
                         id="load-path",
                         placeholder="a saved sweep .json",
                         compact=True,
@@ -408,6 +421,7 @@ class SweepScreen(Screen[None]):
         base = self.query_one("#export-path", Input).value.strip() or "kvscope-sweep"
         path = Path(base).expanduser().with_suffix(f".{kind}")
         try:
+            private_dir(path.parent)
             write_private(path, result.to_json() if kind == "json" else result.to_csv())
         except OSError as exc:
             self._status(f"Could not write {path}: {exc.strerror or exc}", error=True)
