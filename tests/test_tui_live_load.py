@@ -92,3 +92,18 @@ def test_snapshot_of_the_load_plot_with_its_knee(snap_compare: Callable[..., boo
         await settle(pilot)
 
     assert snap_compare(app, run_before=before, terminal_size=WIDE)
+
+
+async def test_ctrl_t_doubles_the_load_and_ctrl_o_stops_it() -> None:
+    app = make_app(CONFIG)
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        stepper = main.controls.query_one("#load-users", CountStepper)
+        await pilot.press("ctrl+t")
+        assert stepper.value == 1
+        await pilot.press("ctrl+t", "ctrl+t")
+        assert stepper.value == 4 and main.live_load.users == 4
+        await pilot.press("ctrl+o")
+        assert stepper.value == 0
+        await wait_until(pilot, lambda: not main._load_running, what="the load to stop")

@@ -43,6 +43,10 @@ or queued; just under it the ruler turns amber), and **G** the emulated GPU's po
 is emulated (its context limit is not emulated: M stays this model's). *Concurrency* sends
 that many copies of each request at once, to fill the pool and provoke preemption; the
 line under it says how many fit. A send that will prefill for long is estimated first.
+*Load* runs background traffic: that many users, each sending a synthetic prompt when its
+last one ends (ctrl+t doubles them, ctrl+o stops them); every 10 s of it is one point on
+the engine's *Load* plot, output tokens/s against median ITL, the roofline's curve behind
+and the knee marked where more users stopped paying.
 
 **Engine** (right). Live, from the latest engine step, the same one for every part:
 running and waiting requests, prefill and decode tokens of the step (and a warning when the
@@ -124,7 +128,7 @@ class HelpScreen(ModalScreen[None]):
             ("Anywhere", binding_rows(type(self.app).BINDINGS) + list(EXTRA_KEYS)),
             ("Main screen", binding_rows(MainScreen.BINDINGS)),
             ("Prompt-length slider (when focused)", binding_rows(PromptLengthSlider.BINDINGS)),
-            ("Concurrency (when focused)", binding_rows(CountStepper.BINDINGS)),
+            ("Concurrency and Load (when focused)", binding_rows(CountStepper.BINDINGS)),
             ("ITL plot / timeline (when focused)", binding_rows(LatencyBox.BINDINGS)),
             ("Replay (kvscope replay TAPE)", binding_rows(ReplayScreen.replay_bindings())),
         ]

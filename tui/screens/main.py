@@ -93,6 +93,8 @@ class MainScreen(Screen[None]):
         Binding("f7", "toggle_synthetic", "Slider on/off"),
         Binding("ctrl+up", "prompt_length(2)", "Prompt ×2"),
         Binding("ctrl+down", "prompt_length(-2)", "Prompt ÷2"),
+        Binding("ctrl+t", "load_users(2)", "Load ×2", show=False),
+        Binding("ctrl+o", "load_users(0)", "Load off", show=False),
         Binding("pageup", "scroll_panel(-1)", "Scroll up", show=False),
         Binding("pagedown", "scroll_panel(1)", "Scroll down", show=False),
         Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
@@ -627,6 +629,11 @@ class MainScreen(Screen[None]):
         """Double (2) or halve (-2) the slider's length, and turn the slider on."""
         slider = self.controls.slider
         slider.scale(2.0 if factor > 0 else 0.5)
+
+    def action_load_users(self, factor: int) -> None:
+        """Double the Load box's users (off becomes one), or turn the load off (0)."""
+        stepper = self.controls.query_one("#load-users", CountStepper)
+        stepper.value = 0 if factor == 0 else max(1, stepper.value * factor)
 
     def action_scroll_panel(self, direction: int) -> None:
         """PageUp / PageDown scroll the panel in use, wherever the focus is in it."""
