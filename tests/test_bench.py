@@ -58,7 +58,7 @@ async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
     short, long = data["points"]
     assert long["mean_ttft_ms"] > short["mean_ttft_ms"]
     assert progress[-1] == (3, 3)
-    assert floors_asked == [128, 2048]
+    assert floors_asked == [64, 512]
     assert data["model"]["kv_bytes_per_token"] == 23040
 
 
