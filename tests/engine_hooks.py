@@ -35,6 +35,9 @@ def set_batch_queue(engine: VllmEngine, depth: int) -> None:
             core.batch_queue = None
             core.batch_queue_size = 1
             core.step_fn = core.step
+        # Batches the old mode had in flight are gone with its queue: the step pairing
+        # must not wait for their outputs.
+        engine.introspection._in_flight.clear()
 
     on_step_thread(engine, switch)
 

@@ -400,15 +400,30 @@ async def test_an_unknown_theme_never_rewrites_settings_and_unknown_keys_survive
     assert saved == {"theme": "phosphor", "future_key": [1, 2], "cursor_blink": True}
 
 
-async def test_screenshot_goes_to_the_working_folder_when_downloads_is_missing(
+async def test_screenshot_goes_to_kvscopes_folder_not_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not ~/Downloads (which may not exist) and not the working folder (in a clone of
+    kvscope, the repository): kvscope's own screenshots folder, said in the toast; the
+    working folder only when that one cannot be written."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/Downloads there
-    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data"
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
     app = make_app()
     async with app.run_test(size=NARROW) as pilot:
         await engine_ready(pilot)
         app.deliver_screenshot("shot.svg")
-        await wait_until(pilot, lambda: (tmp_path / "shot.svg").exists(), what="the screenshot")
+        shot = data / "kvscope" / "screenshots" / "shot.svg"
+        await wait_until(pilot, shot.exists, what="the screenshot")
         await pilot.pause(0.2)
-        assert any(str(tmp_path) in n.message for n in app._notifications)
+        assert not (work / "shot.svg").exists()
+        assert any(str(shot.parent) in n.message for n in app._notifications)
+        # That folder not writable (a file in its place): the working folder takes it.
+        (data / "kvscope" / "screenshots" / "shot.svg").unlink()
+        (data / "kvscope" / "screenshots").rmdir()
+        (data / "kvscope" / "screenshots").write_text("not a folder")
+        app.deliver_screenshot("second.svg")
+        await wait_until(pilot, (work / "second.svg").exists, what="the fallback screenshot")

@@ -524,8 +524,9 @@ class VllmEngine:
         if not self._start_listeners or not (work.prefill_tokens + work.decode_tokens):
             return
         intro = self._introspector
-        # The batch's step number: the steps still to hand out before it, then it.
-        step = self._step + max(1, intro.batches_in_flight)
+        # The batch's step number: the steps still to hand out before it, then it (never
+        # more than the engine core keeps in flight: in lockstep, the next step).
+        step = self._step + min(max(1, intro.batches_in_flight), intro.batch_queue_depth)
         self._start_listeners.emit(intro.started(work, self._internal, step))
 
     def _maybe_idle(self, engine: Any) -> None:
