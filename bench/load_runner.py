@@ -18,9 +18,9 @@ import asyncio
 import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from bench.arrivals import ArrivalPattern, schedule_count, schedule_duration
 from bench.goodput import RequestSlo, goodput
@@ -580,15 +580,9 @@ def _step_view(taps: _Taps, start: float, done: list[_Sent]) -> tuple[StepView |
             blocks = -(-need.get(head or "", 0) // max(s.block_size, 1))
             if head is not None and s.free_blocks < blocks:
                 kv_short += 1
-        view = StepView(
-            source="steps",
-            samples=len(steps),
-            mean_running=mean([float(s.running) for s in steps]),
-            max_running=max(s.running for s in steps),
-            mean_waiting=mean([float(s.waiting) for s in steps]),
-            max_waiting=max(s.waiting for s in steps),
-            mean_kv_usage=mean([s.kv_usage for s in steps]),
-            max_kv_usage=max(s.kv_usage for s in steps),
+        view = _occupancy(
+            "steps",
+            steps,
             preemptions=sum(s.preemptions for s in steps),
             prefill_time_share=(
                 sum(s.duration_s for s in steps if s.prefill_tokens) / total if total else 0.0
@@ -600,19 +594,31 @@ def _step_view(taps: _Taps, start: float, done: list[_Sent]) -> tuple[StepView |
         return view, _queued(steps, sent_at)
     scrapes = [s for s in taps.scrapes if s.time_s >= start]
     if scrapes:
-        view = StepView(
-            source="scrapes",
-            samples=len(scrapes),
-            mean_running=mean([float(s.running) for s in scrapes]),
-            max_running=max(s.running for s in scrapes),
-            mean_waiting=mean([float(s.waiting) for s in scrapes]),
-            max_waiting=max(s.waiting for s in scrapes),
-            mean_kv_usage=mean([s.kv_usage for s in scrapes]),
-            max_kv_usage=max(s.kv_usage for s in scrapes),
-            preemptions=sum(s.new_preemptions for s in scrapes),
-        )
+        view = _occupancy("scrapes", scrapes, preemptions=sum(s.new_preemptions for s in scrapes))
         return view, 0
     return None, 0
+
+
+def _occupancy(
+    source: Literal["steps", "scrapes"],
+    rows: Sequence[StepSample] | Sequence[ScrapeSample],
+    *,
+    preemptions: int,
+    **shares: float | None,
+) -> StepView:
+    """Batch, queue and KV over a point, from step samples or /metrics scrapes alike."""
+    return StepView(
+        source=source,
+        samples=len(rows),
+        mean_running=mean([float(r.running) for r in rows]),
+        max_running=max(r.running for r in rows),
+        mean_waiting=mean([float(r.waiting) for r in rows]),
+        max_waiting=max(r.waiting for r in rows),
+        mean_kv_usage=mean([r.kv_usage for r in rows]),
+        max_kv_usage=max(r.kv_usage for r in rows),
+        preemptions=preemptions,
+        **shares,
+    )
 
 
 def _queued(steps: list[StepSample], sent_at: dict[str, float]) -> int:
