@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from vllm_imports import VllmImports, scan_source
@@ -14,7 +14,7 @@ from vllm_imports import VllmImports, scan_source
 from tui.settings import CONFIG_DIR_ENV
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from remote_server import VllmServer
@@ -74,6 +74,40 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 red=True,
             )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def snap_compare(
+    snap_compare: Callable[..., bool], request: pytest.FixtureRequest
+) -> Callable[..., bool]:
+    """pytest-textual-snapshot's comparison, printing the changed rows when it fails."""
+    import textual._doc
+    from snapshot_diff import rows_diff, snapshot_file
+
+    take = textual._doc.take_svg_screenshot
+    taken: list[str] = []
+
+    def taking(*args: Any, **kwargs: Any) -> str:
+        svg = take(*args, **kwargs)
+        taken.append(svg)
+        return svg
+
+    def compare(*args: Any, **kwargs: Any) -> bool:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(textual._doc, "take_svg_screenshot", taking)
+            same = snap_compare(*args, **kwargs)
+        accepted = snapshot_file(request.path, request.node.name)
+        if not same and taken and accepted.exists():
+            print(
+                "snapshot rows that differ:\n"
+                + (
+                    rows_diff(accepted.read_text(), taken[-1])
+                    or "(text the same: colours or styles differ)"
+                )
+            )
+        return same
+
+    return compare
 
 
 @pytest.fixture(autouse=True)
