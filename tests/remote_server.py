@@ -18,6 +18,7 @@ in a thread of the test's own process; it starts in milliseconds and needs no vL
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -40,6 +41,7 @@ MAX_MODEL_LEN = 1024
 BLOCK_SIZE = 32
 KV_CACHE_BYTES = 64 * 1024**2
 START_TIMEOUT_S = 240.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def free_port() -> int:
@@ -105,6 +107,14 @@ def server_argv(ports: ServerPorts, *, api_key: str | None = API_KEY) -> list[st
     return argv
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the server when the test process dies: a pytest killed mid-run
+    (Ctrl+C twice, a CI timeout) must not leave a server holding 1 GiB and a core."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class VllmServer:
     """One `vllm serve` process group; `start()` waits for /health."""
 
@@ -136,6 +146,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group, killed as one
+                preexec_fn=_die_with_parent,
             )
         deadline = began + timeout_s
         while time.perf_counter() < deadline:
