@@ -47,7 +47,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
             "  kvscope bench --concurrency 1,2,4,8 --prompt-lens 512 --output-len 64\n"
             "  kvscope bench --request-rate 1,2,4 --duration 30 --arrival gamma --burstiness 0.5\n"
             "  kvscope bench --find-max --goodput ttft:2000 tpot:100\n"
-            "  kvscope bench --fake --concurrency 1,2,4 --prompt-lens 64 --output-len 16\n\n"
+            "  kvscope bench --fake --concurrency 1,2,4 --prompt-lens 64 --output-len 16\n"
+            "  kvscope bench --url http://127.0.0.1:8080 --turns 4 --sessions 4 --output-len 32\n"
+            "  kvscope bench --turns 4 --sessions 4 --compare-urls "
+            "rr=http://127.0.0.1:8080,ca=http://127.0.0.1:8081\n\n"
             "exit status: 0 when every length was measured, 3 when some failed (they are\n"
             "reported as failed points), 1 or 2 on errors before the sweep."
         ),
@@ -135,8 +138,10 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 
 def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
     from cli.launch import int_flag, say
-    from cli.load_bench import wants_load
+    from cli.load_bench import run_multi_turn_bench, wants_load, wants_multi_turn
 
+    if wants_multi_turn(args):
+        return run_multi_turn_bench(args, engine_argv, bench_engine)
     if wants_load(args):
         return run_load_bench(args, engine_argv)
     if args.arrival or args.burstiness:

@@ -1,8 +1,15 @@
-"""`kvscope bench --compare "FLAGS A" "FLAGS B"`: one sweep on two engine configs.
+"""Comparisons: `--compare "FLAGS A" "FLAGS B"`, one sweep on two engine configs; and
+`--compare-urls NAME=URL,NAME=URL`, one multi-turn chat run through each of two routers.
 
-Both run in this process, one after the other, with the engine stopped and started again
-between them, so the only difference is the flags. The output: both tables, then one
-table of B / A ratios per prompt length, and both configs overlaid in the charts.
+`--compare`: both configs run in this process, one after the other, with the engine
+stopped and started again between them, so the only difference is the flags. The output:
+both tables, then one table of B / A ratios per prompt length, and both configs overlaid
+in the charts.
+
+`--compare-urls`: a fleet's policy lives in its router, not in kvscope's flags, so the
+configs are URLs (one router per policy, in front of the same replicas), attached in turn.
+It is a flag of its own, not a form of `--compare`: `--compare` restarts an in-process
+engine with each flag set and compares prompt-length sweeps; this attaches and runs chats.
 """
 
 from __future__ import annotations
@@ -23,8 +30,17 @@ from engine.paths import write_private
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
+    from bench.multi_turn import MultiTurnConfig, MultiTurnResult
+    from bench.policy_compare import PolicyComparison
     from bench.sweep_result import SweepConfig, SweepResult
+    from cli.result_files import ResultFile
+    from engine.protocol import Engine
+    from engine.remote.client import ServerUrl
+
+    Measure = Callable[[Engine, MultiTurnConfig, str, str], MultiTurnResult]
+    """One multi-turn run on a started engine, named (label) and with its URL."""
 
 # A config that could not run, the other's results kept: the code `bench` exits with when
 # some of its lengths failed (cli.bench imports this module, so it is not imported here).
@@ -178,3 +194,105 @@ def report_compare(done: Comparison, args: argparse.Namespace, json_path: str | 
 
 def _flags_of(args: argparse.Namespace, label: str) -> str:
     return str(args.compare["AB".index(label)]) or "(defaults)"
+
+
+# -- `--compare-urls NAME=URL,...`: one multi-turn chat run through each router ------------------
+MAX_COMPARED_URLS = 8
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,23}$")
+
+
+def parse_compare_urls(text: str) -> list[tuple[str, ServerUrl]]:
+    """[(name, url), ...] from `A=URL,B=URL` (unnamed ones are A, B, ... in order)."""
+    from engine.remote.client import parse_server_url, safe_url
+
+    option = "--compare-urls"
+    items = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not 2 <= len(items) <= MAX_COMPARED_URLS:
+        raise BadOption(
+            option,
+            f"{len(items)} URL(s) given; compare 2 to {MAX_COMPARED_URLS}, e.g. "
+            "round_robin=http://127.0.0.1:8080,cache_aware=http://127.0.0.1:8081",
+        )
+    out: list[tuple[str, ServerUrl]] = []
+    for i, item in enumerate(items):
+        name, eq, rest = item.partition("=")
+        if eq and _NAME.match(name.strip()):
+            name, url_text = name.strip(), rest.strip()
+        elif eq and name.strip() and not any(c in name for c in ":/?#@"):
+            raise BadOption(
+                option,
+                f"{name.strip()!r} is not a name: use a letter, then up to 23 letters, digits, "
+                "'.', '_', '+' or '-' (e.g. cache_aware=http://127.0.0.1:8081)",
+            )
+        else:
+            name, url_text = "ABCDEFGH"[i], item
+        try:
+            url = parse_server_url(url_text)
+        except BadOption as exc:
+            raise BadOption(option, f"{safe_url(url_text)!r}: {exc.reason}") from None
+        if any(name == seen for seen, _ in out):
+            raise BadOption(option, f"two URLs are named {name!r}; give each its own name")
+        out.append((name, url))
+    return out
+
+
+def run_compare_urls(
+    args: argparse.Namespace,
+    config: MultiTurnConfig,
+    engine_argv: list[str],
+    files: list[ResultFile],
+    measure: Measure,
+) -> PolicyComparison:
+    """The same chats (each run its own sessions) through each URL, one after the other,
+    each run by `measure` on its attached engine; the files written after each URL.
+
+    A URL that cannot be attached after another was measured does not throw that run away:
+    it is named in `failed`, and the others are reported."""
+    import argparse as _argparse
+
+    from bench.policy_compare import PolicyComparison
+    from cli.engine_choice import started_engine
+
+    urls = parse_compare_urls(args.compare_urls)
+    for flag, given in (("--url", args.url), ("--fake", args.fake), ("--tape", args.tape)):
+        if given:
+            raise BadOption("--compare-urls", f"it attaches to each URL in turn: not with {flag}")
+    if engine_argv:
+        raise BadOption(
+            " ".join(engine_argv[:3]),
+            "vLLM engine flags belong to the servers behind --compare-urls, not to kvscope",
+        )
+    for f in files:
+        f.check()
+    out = PolicyComparison(config, {name: url.root for name, url in urls})
+    for name, url in urls:
+        print(f"kvscope: {name}: {url.root}", file=sys.stderr)
+        one = _argparse.Namespace(**{**vars(args), "url": url})
+        try:
+            with started_engine(one, []) as engine:
+                card = engine.card
+                config.check_fits(card.max_model_len if card else None)
+                out.results[name] = measure(engine, config, name, url.root)
+        except KvscopeError as exc:
+            if not out.results:
+                raise BadOption(f"--compare-urls {name} ({url.root})", exc.plain()) from exc
+            out.failed[name] = exc.plain().rstrip(".")
+        for f in files:
+            f.write(out)  # after every URL: a stopped comparison keeps what it measured
+    return out
+
+
+def report_compare_urls(done: PolicyComparison, files: list[ResultFile]) -> int:
+    """The table and what it shows; a URL that failed named in one line (exit 3)."""
+    from cli.launch import say
+    from cli.load_table import render_policy_compare
+    from cli.result_files import say_problems
+
+    render_policy_compare(done, Console(file=sys.stdout, width=160))
+    say_problems(files)
+    for name, why in done.failed.items():
+        say(f"{name} ({done.urls[name]}) could not run: {why}; the others are above")
+    failed_turns = [r for r in done.results.values() if r.failed]
+    for r in failed_turns:
+        say(f"{r.label}: {r.failed} of {len(r.records)} turns failed: {r.first_error}")
+    return EXIT_CONFIG_FAILED if done.failed or failed_turns else 0

@@ -19,18 +19,24 @@ from bench.goodput import parse_goodput
 from bench.load_result import LoadConfig, LoadResult
 from bench.load_runner import LoadRunner, LoadTick, levels_of, validate
 from bench.sweep_result import fresh_seed
-from cli.load_table import render_load
+from cli.load_table import render_load, render_multi_turn
 from cli.result_files import ResultFile, say_problems
 from cli.roofline import parse_int_list, parse_int_option
 from engine.errors import BadOption, KvscopeError
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
 
     from bench.arrivals import ArrivalKind
     from bench.load_result import LoadPoint
     from bench.load_runner import Ceiling
+    from bench.multi_turn import MultiTurnConfig, MultiTurnResult, MultiTurnTick
     from engine.protocol import Engine
+
+    BenchEngine = Callable[..., AbstractContextManager[Engine]]
+    """cli.bench's `bench_engine(args, engine_argv, check=...)`: --fake, --url or vLLM."""
 
 EXIT_SOME_FAILED = 3
 
@@ -83,9 +89,163 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="search the highest load that meets --goodput (rate, or users with --concurrency)",
     )
+    add_multi_turn_args(p)
+
+
+def add_multi_turn_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "multi-turn chat (--turns or --sessions turns it on; --compare-urls compares routers)"
+    )
+    g.add_argument(
+        "--turns",
+        metavar="N",
+        help="turns per chat session (4): each turn sends the conversation so far (the "
+        "replies as received) plus a new user message",
+    )
+    g.add_argument(
+        "--sessions",
+        metavar="M",
+        help="chat sessions at once (1), one user each, its turns in order",
+    )
+    g.add_argument(
+        "--message-len",
+        metavar="N",
+        help="words (about tokens) in each new user message (64); replies are --output-len",
+    )
+    g.add_argument(
+        "--compare-urls",
+        metavar="NAME=URL,NAME=URL",
+        help="the same chats through each of these URLs in turn (two routers in front of "
+        "the same replicas, one per policy), e.g. "
+        "round_robin=http://127.0.0.1:8080,cache_aware=http://127.0.0.1:8081; prints TTFT "
+        "by turn, prefix hit rate and throughput per URL",
+    )
 
 
 _LOAD_ONLY = ("num_prompts", "duration", "goodput", "range_ratio", "shared_prefix")
+# Flags of the other bench modes, refused by name in a multi-turn run.
+_NOT_MULTI_TURN = (
+    ("concurrency", "--concurrency", "each session is one user: give --sessions M"),
+    ("prompt_lens", "--prompt-lens", "a turn's prompt is the chat so far: give --message-len"),
+    ("request_rate", "--request-rate", "sessions send each turn when the last reply ends"),
+    ("arrival", "--arrival", "sessions send each turn when the last reply ends"),
+    ("burstiness", "--burstiness", "sessions send each turn when the last reply ends"),
+    ("sweep", "--sweep", "it sweeps load levels, not chats"),
+    ("find_max", "--find-max", "it searches load levels, not chats"),
+    ("num_prompts", "--num-prompts", "the run sends --sessions x --turns requests"),
+    ("duration", "--duration", "the run sends --sessions x --turns requests"),
+    ("goodput", "--goodput", "not measured for chats"),
+    ("range_ratio", "--range-ratio", "every message has --message-len words"),
+    ("shared_prefix", "--shared-prefix", "each session's own turns are its shared prefix"),
+    ("compare", "--compare", "it restarts an in-process engine; for routers use --compare-urls"),
+)
+
+
+def wants_multi_turn(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, name, None) is not None
+        for name in ("turns", "sessions", "message_len", "compare_urls")
+    )
+
+
+def multi_turn_config_from_args(args: argparse.Namespace) -> MultiTurnConfig:
+    """Every multi-turn flag checked, in one plain line each, before any engine starts."""
+    from bench.multi_turn import MultiTurnConfig
+
+    for name, flag, why in _NOT_MULTI_TURN:
+        value = getattr(args, name, None)
+        if value is not None and value is not False:
+            raise BadOption(flag, f"not with --turns/--sessions: {why}")
+    if args.compare_urls is not None and args.turns is None and args.sessions is None:
+        raise BadOption(
+            "--compare-urls", "it compares multi-turn chats: give --turns N --sessions M"
+        )
+    seed = fresh_seed() if args.seed is None else parse_int_option(args.seed, "--seed", 0)
+    config = MultiTurnConfig(
+        sessions=1 if args.sessions is None else parse_int_option(args.sessions, "--sessions", 1),
+        turns=4 if args.turns is None else parse_int_option(args.turns, "--turns", 1),
+        message_len=64
+        if args.message_len is None
+        else parse_int_option(args.message_len, "--message-len", 1),
+        output_len=parse_int_option(args.output_len, "--output-len", 1),
+        seed=seed,
+        warmup=parse_int_option(args.warmup, "--warmup", 0),
+    )
+    config.validate()
+    return config
+
+
+def multi_turn_files(args: argparse.Namespace) -> list[ResultFile]:
+    """--json and --csv of a multi-turn run (or comparison: anything with to_json/to_csv)."""
+    files: list[ResultFile] = []
+    if args.json_path:
+        files.append(ResultFile("--json", args.json_path, lambda r: r.to_json()))
+    if args.csv_path:
+        files.append(ResultFile("--csv", args.csv_path, lambda r: r.to_csv()))
+    return files
+
+
+def run_multi_turn_bench(
+    args: argparse.Namespace, engine_argv: list[str], bench_engine: BenchEngine
+) -> int:
+    """`bench --turns N --sessions M`: one run on the engine the flags ask for (opened by
+    `bench_engine`), or with --compare-urls, one run through each URL (cli/compare.py)."""
+    from cli.launch import int_flag
+
+    config = multi_turn_config_from_args(args)  # every bad flag stops here
+    config.check_fits(int_flag(engine_argv, "--max-model-len"))
+    files = multi_turn_files(args)
+    if args.compare_urls is not None:
+        from cli.compare import report_compare_urls, run_compare_urls
+
+        def measure(engine: Engine, c: MultiTurnConfig, label: str, url: str) -> MultiTurnResult:
+            return measure_multi_turn(engine, c, label=label, url=url)
+
+        done = run_compare_urls(args, config, engine_argv, files, measure)
+        return report_compare_urls(done, files)
+    for f in files:
+        f.check()
+    url = args.url.root if args.url else None
+    with bench_engine(
+        args, engine_argv, check=lambda ns: config.check_fits(ns.max_model_len)
+    ) as engine:
+        result = measure_multi_turn(engine, config, label="", url=url)
+    for f in files:
+        f.write(result)
+    render_multi_turn(result, Console(file=sys.stdout, width=160))
+    say_problems(files)
+    return _exit_for([result])
+
+
+def measure_multi_turn(
+    engine: Engine, config: MultiTurnConfig, *, label: str, url: str | None
+) -> MultiTurnResult:
+    """One multi-turn run on a started engine, with a progress bar on stderr."""
+    from bench.multi_turn import run_multi_turn
+    from cli.launch import progress_bar
+
+    with progress_bar("chat") as progress:
+        planned = config.sessions * config.turns
+        name = f"{label}: " if label else ""
+        task = progress.add_task(f"{name}chat turns", total=planned, stage="")
+
+        def on_progress(t: MultiTurnTick) -> None:
+            progress.update(task, completed=t.done, stage=f"{t.done}/{t.planned} turns done")
+
+        return asyncio.run(
+            run_multi_turn(engine, config, label=label, url=url, on_progress=on_progress)
+        )
+
+
+def _exit_for(results: list[MultiTurnResult]) -> int:
+    """0 when every turn was answered; 3 when some failed (said on stderr)."""
+    from cli.launch import say
+
+    failed = [r for r in results if r.failed]
+    for r in failed:
+        name = f"{r.label}: " if r.label else ""
+        say(f"{name}{r.failed} of {len(r.records)} turns failed: {r.first_error}")
+    return EXIT_SOME_FAILED if failed else 0
 
 
 def wants_load(args: argparse.Namespace) -> bool:

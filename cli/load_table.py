@@ -1,4 +1,5 @@
-"""A load run on the terminal: one row per load level, and the sentence its numbers say."""
+"""A load run on the terminal: one row per load level, and the sentence its numbers say;
+and a multi-turn chat run, alone or one row per router policy."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from bench.load_result import LoadPoint, LoadResult
+    from bench.multi_turn import MultiTurnConfig, MultiTurnResult
+    from bench.policy_compare import PolicyComparison
 
 
 def render_load(result: LoadResult, console: Console) -> None:
@@ -112,3 +115,118 @@ def verdict(points: list[LoadPoint], *, roofline: bool = False) -> str:
 
 def _opt(value: float | None, fmt: str) -> str:
     return fmt.format(value) if value is not None else "-"
+
+
+# -- multi-turn chats (`bench --turns N --sessions M`) ---------------------------------------
+def _hit(rate: float | None) -> str:
+    return f"{rate:.0%}" if rate is not None else "-"
+
+
+def _chat_title(config: MultiTurnConfig) -> str:
+    return (
+        f"kvscope bench: {config.sessions} chat session(s) x {config.turns} turn(s), "
+        f"{config.message_len:,}-word messages, {config.output_len:,}-token replies, "
+        f"seed {config.seed}"
+    )
+
+
+def render_multi_turn(result: MultiTurnResult, console: Console) -> None:
+    """One row per turn index, then turns 2+ and all: TTFT, prompt, cached, hit rate."""
+    c = result.config
+    table = Table(title=_chat_title(c))
+    for col in ("turn", "done", "mean TTFT ms", "p50 TTFT ms", "p90 TTFT ms"):
+        table.add_column(col, justify="right")
+    for col in ("prompt tok (mean)", "cached tok (mean)", "prefix hit"):
+        table.add_column(col, justify="right")
+    later = result.later()
+    rows = [*result.by_turn(), *([later] if later else []), result.overall()]
+    for s in rows:
+        done = f"{s.requests}" + (f"+{s.failed}✗" if s.failed else "")
+        n = max(s.requests, 1)
+        cached = f"{s.cached_prompt_tokens / n:,.0f}" if s.cached_prompt_tokens is not None else "-"
+        table.add_row(
+            s.turns,
+            done,
+            f"{s.mean_ttft_ms:,.0f}",
+            f"{s.median_ttft_ms:,.0f}",
+            f"{s.p90_ttft_ms:,.0f}",
+            f"{s.prompt_tokens / n:,.0f}",
+            cached,
+            _hit(s.hit_rate),
+        )
+    console.print(table)
+    console.print(
+        f"{result.completed} turns in {result.duration_s:,.1f} s: "
+        f"{result.request_throughput:,.2f} req/s, {result.output_throughput:,.1f} output tok/s."
+    )
+    if result.overall().hit_rate is None:
+        console.print(
+            "The engine did not say how many prompt tokens it found cached (a vLLM server "
+            "says so with --enable-prompt-tokens-details --enable-per-request-metrics)."
+        )
+    busy = busy_host()
+    if busy:
+        console.print(busy)
+    console.print(f"Messages were drawn from seed {c.seed}: --seed {c.seed} repeats them.")
+
+
+# Past this many turns, the policy table shows the first ones and then one span.
+MAX_TURN_COLUMNS = 6
+
+
+def render_policy_compare(done: PolicyComparison, console: Console) -> None:
+    """One row per policy: TTFT (and hit rate) by turn, turns 2+, throughput; then what
+    the numbers show."""
+    from bench.multi_turn import TurnSummary
+    from bench.policy_compare import verdict
+
+    c = done.config
+    table = Table(title=_chat_title(c).replace("kvscope bench:", "kvscope bench: routing,"))
+    table.add_column("policy", justify="left")
+    table.add_column("done", justify="right")
+    spans: list[tuple[str, range]] = []
+    if c.turns <= MAX_TURN_COLUMNS:
+        spans = [(f"turn {t}", range(t, t + 1)) for t in range(1, c.turns + 1)]
+    else:
+        spans = [(f"turn {t}", range(t, t + 1)) for t in range(1, MAX_TURN_COLUMNS)]
+        spans.append((f"turns {MAX_TURN_COLUMNS}-{c.turns}", range(MAX_TURN_COLUMNS, c.turns + 1)))
+    for name, _ in spans:
+        table.add_column(f"{name}\nTTFT ms · hit", justify="right", no_wrap=True)
+    later = "turns 2+" if c.turns > 1 else "all turns"
+    for col in (f"{later}\nmean TTFT ms", f"{later}\np90 TTFT ms", f"{later}\nprefix hit"):
+        table.add_column(col, justify="right")
+    for col in ("all\nprefix hit", "out tok/s", "req/s"):
+        table.add_column(col, justify="right")
+    for name in done.urls:
+        r = done.results.get(name)
+        if r is None:
+            why = done.failed.get(name, "not measured")
+            table.add_row(name, "[red]failed[/]", f"[red]{why[:60]}[/]")
+            continue
+        cells = []
+        for label, turns in spans:
+            s = TurnSummary.of(label, [x for x in r.records if x.turn in turns])
+            cells.append(f"{s.mean_ttft_ms:,.0f} · {_hit(s.hit_rate)}" if s.requests else "-")
+        tail = r.later() or r.overall()
+        table.add_row(
+            name,
+            f"{r.completed}" + (f"+{r.failed}✗" if r.failed else ""),
+            *cells,
+            f"{tail.mean_ttft_ms:,.0f}",
+            f"{tail.p90_ttft_ms:,.0f}",
+            _hit(tail.hit_rate),
+            _hit(r.overall().hit_rate),
+            f"{r.output_throughput:,.1f}",
+            f"{r.request_throughput:,.2f}",
+        )
+    console.print(table)
+    for name, url in done.urls.items():
+        console.print(f"{name}: {url}", markup=False, highlight=False)
+    console.print(verdict(done), markup=False, highlight=False)
+    busy = busy_host()
+    if busy:
+        console.print(busy)
+    console.print(
+        "Each policy ran its own sessions (no run finds another's turns cached); "
+        f"messages were drawn from seed {c.seed}: --seed {c.seed} repeats them."
+    )
