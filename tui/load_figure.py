@@ -3,7 +3,9 @@ batched-decode curve behind them, the knee marked.
 
 While decode is bound by reading the weights, a bigger batch costs little more per step,
 so throughput climbs along the curve's flat part at almost the same ITL; past the knee,
-ITL (and TTFT) grow instead.
+ITL (and TTFT) grow instead. The playground's Load box (`load_figure`) and the sweep
+screen's load sweep (`load_points_figure`, with a saved run drawn under it) draw the same
+figure.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from tui.live_load import knee
 from tui.plotting import Figure, Rule, Series
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from bench.load_result import LoadPoint
     from tui.live_load import LiveLoad
 
 POINT_MARK = "●"
@@ -22,17 +27,38 @@ ROOF_MARK = "·"
 
 
 def load_figure(load: LiveLoad, columns: int, rows: int = 10) -> Figure | None:
-    points = [p for p in load.points if p.ok and p.output_throughput > 0]
-    if not points:
+    """The Load box's figure, from the playground's points and ceiling."""
+    return load_points_figure(load.points, load.ceiling, columns, rows)
+
+
+def plotted(points: Iterable[LoadPoint]) -> list[LoadPoint]:
+    """The points a load plot can place: measured, with some output."""
+    return [p for p in points if p.ok and p.output_throughput > 0]
+
+
+def load_points_figure(
+    load_points: Iterable[LoadPoint],
+    ceiling: Callable[[int], float] | None,
+    columns: int,
+    rows: int = 10,
+    saved: Sequence[Series] = (),
+) -> Figure | None:
+    """Output tok/s (x) against median ITL (y) of `load_points`, the roofline's batched
+    curve behind them (`ceiling`), and `saved` (a loaded run's series) under them."""
+    points = plotted(load_points)
+    if not points and not saved:
         return None
     xs = tuple(p.output_throughput for p in points)
     ys = tuple(p.median_itl_ms for p in points)
-    series = [Series(xs, ys, role="series", kind="scatter", marker=POINT_MARK)]
-    top_x, top_y = max(xs), max(ys)
-    if load.ceiling is not None:
+    series = [*saved]
+    if points:
+        series.append(Series(xs, ys, role="series", kind="scatter", marker=POINT_MARK))
+    every_x = [*xs, *(x for s in saved for x in s.xs)]
+    top_x, top_y = max(every_x), max([*ys, *(y for s in saved for y in s.ys)])
+    if ceiling is not None and points:
         most = max(p.max_concurrency or 1 for p in points)
         batches = sorted({1, 2, *range(4, 4 * most + 1, max(1, most // 4))})
-        curve = [(load.ceiling(b), b / load.ceiling(b) * 1e3) for b in batches]
+        curve = [(ceiling(b), b / ceiling(b) * 1e3) for b in batches]
         # Only the part of the curve inside the measured range: the roofline's upper
         # reaches would flatten the points into one corner.
         kept = [(x, y) for x, y in curve if x <= top_x * 1.5]

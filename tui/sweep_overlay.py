@@ -1,5 +1,6 @@
 """A saved sweep drawn over the live one (A/B runs): its points in both charts, what it
-was, and the live / saved ratio at each prompt length both have measured."""
+was, and the live / saved ratio at each prompt length both have measured. A saved load
+sweep (`LoadOverlay`) is drawn the same way on the load plot, compared level by level."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from textual.content import Content
 from textual.markup import escape
 
 from tui import format as fmt
+from tui.load_figure import plotted
 from tui.plotting import Series
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from bench.sweep_files import SavedSweep
+    from bench.load_result import LoadPoint
+    from bench.sweep_files import SavedLoad, SavedSweep
     from bench.sweep_result import SweepConfig, SweepPoint
 
 OVERLAY_ROLE = "p90"
@@ -170,3 +173,115 @@ def overlay_text(
         )
         lines.append(Content(ratio_line(live, live_config, saved, mark)))
     return Content("\n").join(lines)
+
+
+# -- a saved load sweep on the load plot -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadOverlay:
+    """A saved load run (F9 in the load mode), drawn under the live load points."""
+
+    path: Path
+    saved: SavedLoad
+    mark: str = OVERLAY_MARKS[0]
+
+    def key(self) -> str:
+        return f"[{OVERLAY_STYLE}]{self.mark}[/] loaded"
+
+    def series(self) -> list[Series]:
+        """The saved points, output tok/s against median ITL, as the live ones are drawn."""
+        good = plotted(self.saved.result.points)
+        if not good:
+            return []
+        return [
+            Series(
+                tuple(p.output_throughput for p in good),
+                tuple(p.median_itl_ms for p in good),
+                role=OVERLAY_ROLE,
+                kind="scatter",
+                marker=self.mark,
+            )
+        ]
+
+
+def describe_load(saved: SavedLoad) -> str:
+    """What was measured: "Qwen… · 1, 2, 4, 8 users · 64-token prompts · 32 output tokens
+    · 8 requests a level"."""
+    result = saved.result
+    config = result.config
+    parts = []
+    model = (result.model or {}).get("name")
+    if isinstance(model, str) and model:
+        parts.append(model)
+    levels = ", ".join(level_words(config.mode, v) for v in config.levels)
+    parts.append(f"{levels} {'users' if config.mode == 'concurrency' else 'req/s'}")
+    parts.append(f"{config.prompt_len:,}-token prompts")
+    parts.append(fmt.count(config.output_len, "output token"))
+    if config.num_prompts is not None:
+        parts.append(f"{fmt.count(config.num_prompts, 'request')} a level")
+    if not result.complete:
+        parts.append("partial: the sweep was stopped")
+    return " · ".join(parts)
+
+
+def level_words(mode: str, value: float) -> str:
+    if mode == "concurrency":
+        return f"{int(value)}"
+    return "inf" if value == float("inf") else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class LoadRatio:
+    """Live / saved at one load level (None where the saved figure is zero)."""
+
+    label: str
+    throughput: float | None
+    """Output tokens/s, live over saved."""
+    itl: float | None
+    """Median ITL, live over saved."""
+
+
+def load_ratios(live: Sequence[LoadPoint], saved: SavedLoad) -> list[LoadRatio]:
+    """Live / saved, for every load level measured in both (in the live order)."""
+    theirs = {p.label: p for p in plotted(saved.result.points)}
+    out = []
+    for p in plotted(live):
+        q = theirs.get(p.label)
+        if q is not None:
+            out.append(
+                LoadRatio(
+                    p.label,
+                    _over(p.output_throughput, q.output_throughput),
+                    _over(p.median_itl_ms, q.median_itl_ms),
+                )
+            )
+    return out
+
+
+def load_ratio_line(live: Sequence[LoadPoint], saved: SavedLoad, mark: str) -> str:
+    """ "live / ◆  1 user: tok/s 1.02x, ITL 0.98x · 2 users: …", or why there is none yet."""
+    head = f"live / {mark}"
+    if not plotted(live):
+        return f"{head}: run a load sweep to compare (output tok/s and median ITL per level)"
+    rows = load_ratios(live, saved)
+    if not rows:
+        theirs = ", ".join(p.label for p in plotted(saved.result.points))
+        return f"{head}: no load level in common yet (saved: {theirs})"
+    cells = " · ".join(f"{r.label}: tok/s {_x(r.throughput)}, ITL {_x(r.itl)}" for r in rows)
+    return f"{head}  {cells}"
+
+
+def load_overlay_text(overlay: LoadOverlay, live: Sequence[LoadPoint]) -> Content:
+    """The load overlay's legend: the file, what it measured, and the ratios to the live run."""
+    return Content("\n").join(
+        [
+            Content.from_markup("Overlaid: $name, a saved load sweep", name=overlay.path.name),
+            Content.from_markup(
+                f"[{OVERLAY_STYLE}]$mark[/] $text",
+                mark=overlay.mark,
+                text=describe_load(overlay.saved),
+            ),
+            Content(load_ratio_line(live, overlay.saved, overlay.mark)),
+        ]
+    )

@@ -84,6 +84,7 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("tab / shift+tab", "Move focus between controls"),
     ("enter", "Send the message (in the message box)"),
     ("ctrl+p", "Command palette: themes, sweep, help, …"),
+    ("f5, then f4", "Sweep screen: prompt-length or load sweep"),
     ("ctrl+q", "Quit"),
 )
 
