@@ -1,19 +1,21 @@
 """Is kvscope's load runner the bottleneck or the error? A fake server with set timings.
 
-A small OpenAI-compatible server of our own (tests/remote_server.py's FakeServer, one
-thread per connection) streams every completion with a set time to the first token and a
-set gap between tokens, whatever the load. kvscope's load runner drives it through
-`RemoteEngine` (the `--url` path) with many users at once, and reports its measured TTFT
-and ITL against the set values; then `vllm bench serve` drives the same server with the
-same users, and its figures are printed beside kvscope's. Where both are within a few
-milliseconds of the set values at thousands of tokens/s, the client side is neither the
-bottleneck nor the error.
+A small OpenAI-compatible server of our own (benchmarks/timed_server.py: its own
+process, one asyncio loop, chunked keep-alive streams as vLLM's server sends them)
+streams every completion with a set time to the first token and a set gap between
+tokens, whatever the load. kvscope's load runner drives it through `RemoteEngine` (the
+`--url` path) with many users at once, and `vllm bench serve` drives the same server
+with the same users; both are printed side by side, against the set values. Where both
+are within a few milliseconds of them at thousands of tokens/s, the client side is
+neither the bottleneck nor the error.
 
     python benchmarks/load_truth.py                   # 256 users, 64 tokens, ITL 40 ms
     python benchmarks/load_truth.py --users 64 --rounds 1 --no-vllm
 
-Rounds alternate kvscope and vLLM, so both see the same host; each round prints how busy
-the host was. The first round is a warm-up and is not counted.
+Rounds alternate kvscope and vLLM (kvscope, vllm, kvscope, vllm, ...), so both see the
+same host; each round prints how busy the host was, and how late the server itself sent
+its tokens (a client cannot be more right than its server). The first round of each is
+a warm-up and is not counted.
 """
 
 from __future__ import annotations
@@ -21,70 +23,82 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from remote_server import (  # noqa: E402
-    FakeRequest,
-    FakeServer,
-    Reply,
-    head,
-    model_dir,
-    sse_event,
-)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 from benchmarks.host import HostLoad  # noqa: E402
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def timed_completion(ttft_s: float, itl_s: float) -> Any:
-    """A route that streams `max_tokens` tokens: the first after `ttft_s`, then one every
-    `itl_s`, each chunk stamped on the server's clock as it is sent (not accumulated
-    sleeps, so a late thread does not shift every later token)."""
-
-    def route(req: FakeRequest) -> Reply:
-        body = req.json() or {}
-        n = int(body.get("max_tokens") or 16)
-        prompt = body.get("prompt")
-        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt)) // 4
-
-        def write(sock: Any, stop: Any) -> None:
-            start = time.monotonic()
-            sock.sendall(head(200, "text/event-stream"))
-            for i in range(n):
-                due = start + ttft_s + i * itl_s
-                wait = due - time.monotonic()
-                if wait > 0 and stop.wait(wait):
-                    return
-                choice = {"index": 0, "text": "x", "token_ids": [1000 + i], "finish_reason": None}
-                if i == n - 1:
-                    choice["finish_reason"] = "length"
-                sock.sendall(sse_event({"choices": [choice]}))
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": n,
-                "total_tokens": prompt_tokens + n,
-            }
-            sock.sendall(sse_event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
-
-        return Reply(write)
-
-    return route
+FIGURES = (
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "output_throughput",
+)
 
 
-def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, float]:
+@dataclass
+class Round:
+    who: str
+    figures: dict[str, float]
+    host: str
+    server: dict[str, float]
+
+
+class ServerProcess:
+    """benchmarks/timed_server.py in a process of its own; `stop()` ends it."""
+
+    def __init__(self, ttft_ms: float, itl_ms: float) -> None:
+        argv = [
+            sys.executable, str(ROOT / "benchmarks" / "timed_server.py"),
+            "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.isdigit():
+            self.stop()
+            raise RuntimeError(f"the timed server did not start (it said {line!r})")
+        self.url = f"http://127.0.0.1:{line}"
+
+    def stats(self) -> dict[str, float]:
+        """How late the server sent the tokens since the last call, and its peak streams."""
+        with urllib.request.urlopen(self.url + "/stats", timeout=30) as r:
+            data: dict[str, float] = json.loads(r.read())
+        return data
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, float] | str:
     from bench.load_result import LoadConfig
     from bench.load_runner import run_load
     from engine.remote.engine import RemoteEngine
 
-    engine = RemoteEngine(url)
+    engine = RemoteEngine(url, kv_events=None)
     engine.start()
     try:
         config = LoadConfig(
@@ -95,15 +109,16 @@ def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, 
             num_prompts=prompts,
             warmup=0,
         )
+        cpu = time.process_time()
         (point,) = asyncio.run(run_load(engine, config)).points
+        cpu = time.process_time() - cpu  # every thread of this process: the client's own
     finally:
         engine.shutdown()
-    return {
-        "median_ttft_ms": point.median_ttft_ms,
-        "median_itl_ms": point.median_itl_ms,
-        "p99_itl_ms": point.p99_itl_ms,
-        "output_throughput": point.output_throughput,
-    }
+    if point.completed < prompts:
+        return f"only {point.completed} of {prompts} requests completed ({point.error})"
+    figures = {name: float(getattr(point, name)) for name in FIGURES}
+    figures["cpu_us_per_token"] = cpu / (prompts * output) * 1e6
+    return figures
 
 
 # `vllm bench serve` itself: the `vllm` command asks for the package "vllm", which the CPU
@@ -115,29 +130,89 @@ VLLM_BENCH_SERVE = (
 )
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far (all its threads), from /proc; 0 where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vllm_round(url: str, users: int, output: int, prompts: int) -> dict[str, float] | str:
+    """One `vllm bench serve` run. Its CPU is read from /proc while it runs, from its
+    "Starting main benchmark run" to its result, so importing vLLM is left out."""
+    from engine.model_prep import embedded_model_dir
+
     with tempfile.TemporaryDirectory() as folder:
         cmd = [
-            sys.executable, "-c", VLLM_BENCH_SERVE,
+            sys.executable, "-u", "-c", VLLM_BENCH_SERVE,
             "--base-url", url, "--endpoint", "/v1/completions", "--model", "fake-model",
-            "--tokenizer", model_dir(), "--dataset-name", "random",
+            "--tokenizer", str(embedded_model_dir()), "--dataset-name", "random",
             "--random-input-len", "16", "--random-output-len", str(output),
             "--num-prompts", str(prompts), "--max-concurrency", str(users),
             "--ignore-eos", "--save-result", "--result-dir", folder,
             "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
         ]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        began = ended = 0.0
+        lines: list[str] = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "Starting main benchmark run" in line:
+                began = _cpu_s(proc.pid)
+            elif "Serving Benchmark Result" in line:
+                ended = _cpu_s(proc.pid)
+        proc.wait(timeout=60)
         files = list(Path(folder).glob("*.json"))
-        if done.returncode != 0 or not files:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            return "vllm bench serve failed: " + " | ".join(tail)
+        if proc.returncode != 0 or not files:
+            return "vllm bench serve failed: " + " | ".join(x.strip() for x in lines[-3:])
         data = json.loads(files[0].read_text())
-    return {
-        "median_ttft_ms": float(data["median_ttft_ms"]),
-        "median_itl_ms": float(data["median_itl_ms"]),
-        "p99_itl_ms": float(data["p99_itl_ms"]),
-        "output_throughput": float(data["output_throughput"]),
-    }
+    if int(data.get("completed", 0)) < prompts:
+        return f"vllm bench serve: only {data.get('completed')} of {prompts} completed"
+    figures = {name: float(data[name]) for name in FIGURES}
+    figures["cpu_us_per_token"] = max(ended - began, 0.0) / (prompts * output) * 1e6
+    return figures
+
+
+def table(rounds: list[Round], ttft_ms: float, itl_ms: float, users: int) -> str:
+    """The side-by-side, each figure the median over the measured rounds of each client:
+    its value, its error against the set value, and [its error against what the server
+    actually kept in that round]: on a busy host the server itself runs late, and the
+    second error is then the client's own."""
+
+    def cell(key: str, set_ms: float) -> Callable[[dict[str, float]], str]:
+        return lambda f: f"{f[key]:8.2f} ({f[key] - set_ms:+7.2f}) [{f['sent ' + key]:+6.2f}]"
+
+    rows: list[tuple[str, Callable[[dict[str, float]], str]]] = [
+        ("streams", lambda f: f"{users}"),
+        ("output tokens/s", lambda f: f"{f['output_throughput']:,.0f}"),
+        ("client CPU µs a token", lambda f: f"{f['cpu_us_per_token']:.0f}"),
+        ("server late (mean ms)", lambda f: f"{f['mean_late_ms']:.2f}"),
+    ]
+    for stat in ("mean", "median", "p99"):
+        for name, set_ms in (("ttft", ttft_ms), ("itl", itl_ms)):
+            label = f"{'p50' if stat == 'median' else stat} {name.upper()} ms (set {set_ms:g})"
+            rows.append((label, cell(f"{stat}_{name}_ms", set_ms)))
+    who = ["kvscope", "vllm bench serve"]
+    per: dict[str, dict[str, float]] = {}
+    for w in who:
+        mine = [r for r in rounds if r.who == w]
+        if not mine:
+            continue
+        merged = [
+            r.figures
+            | {f"sent {k}": r.figures[k] - r.server.get(k, 0.0) for k in FIGURES}
+            | {"mean_late_ms": r.server.get("mean_late_ms", 0.0)}
+            for r in mine
+        ]
+        per[w] = {k: statistics.median(m[k] for m in merged) for k in merged[0]}
+    shown = [w for w in who if w in per]
+    out = [f"{'':26}" + "".join(f"{w:>32}" for w in shown)]
+    for label, show in rows:
+        out.append(f"{label:26}" + "".join(f"{show(per[w]):>32}" for w in shown))
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -147,54 +222,54 @@ def main() -> int:
     ap.add_argument("--ttft-ms", type=float, default=200.0)
     ap.add_argument("--itl-ms", type=float, default=40.0)
     ap.add_argument("--rounds", type=int, default=2, help="measured rounds after a warm-up")
+    ap.add_argument("--prompts", type=int, default=0, help="requests a round (2 x users)")
     ap.add_argument("--no-vllm", action="store_true", help="skip vllm bench serve")
     args = ap.parse_args()
-    prompts = args.users * 2
-    route = timed_completion(args.ttft_ms / 1e3, args.itl_ms / 1e3)
-    server = FakeServer({"/v1/completions": route, "/v1/chat/completions": route})
-    server_listen_more(server)
+    prompts = args.prompts or args.users * 2
+    server = ServerProcess(args.ttft_ms, args.itl_ms)
     print(
-        f"fake server {server.url}: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms set; "
-        f"{args.users} users x {args.output} tokens, {prompts} requests a round "
-        f"(~{args.users * 1e3 / args.itl_ms:,.0f} tokens/s asked)"
+        f"timed server {server.url} (own process): TTFT {args.ttft_ms:g} ms, ITL "
+        f"{args.itl_ms:g} ms set; {args.users} streams x {args.output} tokens, {prompts} "
+        f"requests a round (~{args.users * 1e3 / args.itl_ms:,.0f} tokens/s asked)"
     )
-    results: dict[str, list[dict[str, float]]] = {"kvscope": [], "vllm bench serve": []}
+    rounds: list[Round] = []
     try:
         for r in range(args.rounds + 1):
             for who in ("kvscope", "vllm bench serve"):
                 if who != "kvscope" and args.no_vllm:
                     continue
                 host = HostLoad().start()
-                run = kvscope_round if who == "kvscope" else vllm_round
-                got = run(server.url, args.users, args.output, prompts)
+                server.stats()  # zero the server's own lateness for this round
+                if who == "kvscope":
+                    got = kvscope_round(server.url, args.users, args.output, prompts)
+                else:
+                    got = vllm_round(server.url, args.users, args.output, prompts)
+                note = host.note()
+                late = server.stats()
                 label = "warm-up" if r == 0 else f"round {r}"
                 if isinstance(got, str):
-                    print(f"{label} {who}: {got}")
+                    print(f"{label:>8} {who:>16}: {got}")
                     continue
                 print(
-                    f"{label} {who:>16}: TTFT p50 {got['median_ttft_ms']:7.1f} ms  "
-                    f"ITL p50 {got['median_itl_ms']:6.2f} p99 {got['p99_itl_ms']:6.2f} ms  "
-                    f"{got['output_throughput']:7,.0f} tok/s  ({host.note()})"
+                    f"{label:>8} {who:>16}: TTFT p50 {got['median_ttft_ms']:7.1f} "
+                    f"p99 {got['p99_ttft_ms']:7.1f} ms  ITL p50 {got['median_itl_ms']:6.2f} "
+                    f"p99 {got['p99_itl_ms']:6.2f} ms  {got['output_throughput']:6,.0f} tok/s, "
+                    f"{got['cpu_us_per_token']:.0f} µs CPU a token  "
+                    f"({note}; server {late['peak_streams']:.0f} streams at once, sent "
+                    f"{late['mean_late_ms']:.2f} ms late on average, worst "
+                    f"{late['worst_late_ms']:.1f})"
                 )
-                server.requests.clear()
                 if r:
-                    results[who].append(got)
+                    rounds.append(Round(who, got, note, late))
     finally:
         server.stop()
-    print(f"\nerror against the set values (median over {args.rounds} rounds):")
-    for who, rows in results.items():
-        if not rows:
-            continue
-        ttft = statistics.median(x["median_ttft_ms"] for x in rows) - args.ttft_ms
-        itl = statistics.median(x["median_itl_ms"] for x in rows) - args.itl_ms
-        tps = statistics.median(x["output_throughput"] for x in rows)
-        print(f"  {who:>16}: TTFT {ttft:+7.2f} ms  ITL {itl:+6.3f} ms  at {tps:,.0f} tokens/s")
+    if rounds:
+        print(
+            f"\nmedian over {args.rounds} measured rounds: value (error against the set "
+            "value) [error against what the server sent]"
+        )
+        print(table(rounds, args.ttft_ms, args.itl_ms, args.users))
     return 0
-
-
-def server_listen_more(server: FakeServer) -> None:
-    # Hundreds of users connect at once: a longer accept queue than the tests need.
-    server._listener.listen(1024)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ It prints, per request, the median and max |ITL difference|, both TTFTs, and the
 request spent in kvscope's queue (stream() called -> vLLM's arrival), plus host load.
 
     .venv/bin/python benchmarks/truth.py
+    .venv/bin/python benchmarks/truth.py --concurrency 32   # only: 32 short requests at once
+
+`--concurrency N` sends N short requests (16-47 prompt tokens, 32 output tokens) at once
+and sums every token's |ITL difference| over all of them: kvscope's relay and event loop
+under load, against vLLM's own per-token times.
 """
 
 from __future__ import annotations
@@ -80,15 +85,50 @@ async def main_async(engine: Engine) -> None:
     print(f"host during the measurements: {load.note()}")
 
 
+async def concurrent_async(engine: Engine, n: int) -> None:
+    await run(engine, "warm", 16, 4, seed=1)
+    load = HostLoad().start()
+    done = await asyncio.gather(
+        *(run(engine, f"c{n}-{i}", 16 + i % 32, 32, seed=100 + i) for i in range(n))
+    )
+    note = load.note()
+    diffs: list[float] = []
+    ours: list[float] = []
+    theirs: list[float] = []
+    for d in done:
+        v = d.vllm
+        assert v is not None
+        diffs += [abs(a - b) for a, b in zip(d.itl_s, v.itl_s, strict=True)]
+        ours += d.itl_s
+        theirs += v.itl_s
+    diffs.sort()
+    p99 = diffs[min(len(diffs) - 1, int(0.99 * len(diffs)))]
+    print(
+        f"{n} requests at once, {len(diffs)} ITLs: |ΔITL| median "
+        f"{statistics.median(diffs) * 1e3:.4f} ms, p99 {p99 * 1e3:.4f} ms, max "
+        f"{diffs[-1] * 1e3:.4f} ms; mean ITL kvscope "
+        f"{statistics.mean(ours) * 1e3:.3f} ms, vLLM {statistics.mean(theirs) * 1e3:.3f} ms; "
+        f"median ITL kvscope {statistics.median(ours) * 1e3:.3f} ms, vLLM "
+        f"{statistics.median(theirs) * 1e3:.3f} ms"
+    )
+    print(f"host during the measurement: {note}")
+
+
 def main() -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from engine.vllm.engine import VllmEngine
 
+    concurrency = 0
+    if "--concurrency" in sys.argv:
+        concurrency = int(sys.argv[sys.argv.index("--concurrency") + 1])
     print(f"kvscope truth benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores")
     engine = VllmEngine(argv=ARGV)
     engine.start()
     try:
-        asyncio.run(main_async(engine))
+        if concurrency:
+            asyncio.run(concurrent_async(engine, concurrency))
+        else:
+            asyncio.run(main_async(engine))
     finally:
         engine.shutdown()
     return 0

@@ -442,6 +442,24 @@ class SseDecoder:
     def feed(self, data: bytes) -> Iterator[str]:
         """The payloads of the events `data` completes, one at a time: an event past the
         limit raises only once those before it were taken."""
+        if not self._buf and not self._cr and b"\r" not in data:
+            # The common read: nothing left over, no CR. Splitting at the blank lines finds
+            # the very events the scan below would, and the tail waits for the next read.
+            *events, tail = data.split(b"\n\n")
+            self._buf += tail
+            self._scanned = len(tail)
+            for event in events:
+                if event.startswith(b"data: ") and b"\n" not in event:
+                    if len(event) > self.max_event_bytes:
+                        raise EventTooLarge(len(event), self.max_event_bytes)
+                    yield event[6:].decode("utf-8", "replace")
+                    continue
+                text = self._data(event)
+                if text is not None:
+                    yield text
+            if len(self._buf) > self.max_event_bytes:
+                raise EventTooLarge(len(self._buf), self.max_event_bytes)
+            return
         if self._cr:
             data = b"\r" + data
             self._cr = False

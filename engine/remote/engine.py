@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -85,9 +86,17 @@ from engine.remote.metrics import (
     step_sample,
 )
 from engine.remote.prompts import RemotePrompts
+from engine.remote.relay import Relay
 from engine.remote.streaming import ReplyAssembler, StreamError
 from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts, Wait, Watchdog
-from engine.request_book import LiveRequest, RequestBook, RequestTimes, check_prompt_length
+from engine.remote.transport import LeanTransport, lean_transport_fits
+from engine.request_book import (
+    Item,
+    LiveRequest,
+    RequestBook,
+    RequestTimes,
+    check_prompt_length,
+)
 from engine.visible_text import visible
 
 if TYPE_CHECKING:
@@ -106,6 +115,9 @@ REMOTE_LIMITS = (
     "share one time.",
 )
 UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
+# httpx's transport (https, proxies): no limit on connections (httpx's default of 100
+# would queue every stream past the 100th), and idle ones kept for the next requests.
+STREAM_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=32)
 # No model has a context near this; a claim past it is a lie or a bug, not a length.
 MAX_CLAIMED_CONTEXT = 2**40
 
@@ -114,6 +126,14 @@ MAX_CLAIMED_CONTEXT = 2**40
 class _Live(LiveRequest):
     session_id: str = ""
     future: concurrent.futures.Future[None] | None = None
+    relay: Relay | None = None  # to the consumer's loop, shared by its requests
+
+    def put_threadsafe(self, item: Item) -> None:
+        if self.relay is None:
+            super().put_threadsafe(item)
+            return
+        self.sent(item)
+        self.relay.put(self.queue, item)
 
 
 class RemoteEngine:
@@ -189,6 +209,10 @@ class RemoteEngine:
         self._sessions: dict[str, str] = {}  # request ID -> session ID
         self._server_timings: bool | None = None
         self._lock = threading.Lock()
+        # One relay per consumer loop; a loop that is gone takes its relay with it.
+        self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Relay] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -347,12 +371,17 @@ class RemoteEngine:
         self._loop, self._loop_thread = loop, thread
 
         async def make() -> httpx.AsyncClient:
+            # Plain http gets the lean transport (a few µs a chunk, see transport.py);
+            # https and proxies keep httpx's own. Neither limits connections: a stream
+            # queued in the client's pool would be counted as the server's TTFT.
+            lean = lean_transport_fits(self.url)
             return httpx.AsyncClient(
                 base_url=self.url,
                 headers=auth_headers(self.api_key, self._where.authorization),
                 verify=self.verify,
                 timeout=self.timeouts.streaming(),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+                limits=STREAM_POOL,
+                transport=LeanTransport() if lean else None,
             )
 
         self._http = asyncio.run_coroutine_threadsafe(make(), loop).result(timeout=30)
@@ -365,6 +394,9 @@ class RemoteEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._http is not None:
             await self._http.aclose()
+        # httpx's own layers leave an async generator a stream behind (closed by the
+        # loop when collected): close them now, while the loop still runs their aclose.
+        await asyncio.get_running_loop().shutdown_asyncgens()
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         """Send `request`; its clock starts now, when stream() is called."""
@@ -383,7 +415,14 @@ class RemoteEngine:
             check_prompt_length(len(ids), card.max_model_len)
         rid = request.request_id
         times = RequestTimes(rid, submitted_at)
-        live = _Live(request, times, loop=asyncio.get_running_loop(), session_id=self.session_id)
+        consumer = asyncio.get_running_loop()
+        live = _Live(
+            request,
+            times,
+            loop=consumer,
+            session_id=self.session_id,
+            relay=self._relay(consumer),
+        )
 
         def submit() -> _Live:
             with self._lock:
@@ -393,6 +432,13 @@ class RemoteEngine:
 
         async for event in self._book.stream(rid, submit, self.abort):
             yield event
+
+    def _relay(self, consumer: asyncio.AbstractEventLoop) -> Relay:
+        with self._lock:
+            relay = self._relays.get(consumer)
+            if relay is None:
+                relay = self._relays[consumer] = Relay(consumer)
+            return relay
 
     def _body(self, live: _Live) -> tuple[str, dict[str, Any]]:
         req, sp = live.request, live.request.sampling
@@ -447,7 +493,10 @@ class RemoteEngine:
                 decoder = SseDecoder()
                 # Closed here, not when collected: by then the IO loop may be gone. (It is
                 # an async generator; httpx's annotation says only AsyncIterator.)
-                reads = cast("AsyncGenerator[bytes, None]", response.aiter_bytes())
+                # A body with no Content-Encoding (vLLM's) is read raw: no decoder layer.
+                plain = response.headers.get("content-encoding", "identity") == "identity"
+                data_in = response.aiter_raw() if plain else response.aiter_bytes()
+                reads = cast("AsyncGenerator[bytes, None]", data_in)
                 async with contextlib.aclosing(reads) as chunks:
                     async for raw in chunks:
                         arrived = time.perf_counter()  # one time for all of this read

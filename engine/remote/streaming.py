@@ -96,32 +96,38 @@ class ReplyAssembler:
         return RequestAccepted(self.request_id, self.prompt_tokens, self.submitted_at)
 
     def on_chunk(self, chunk: dict[str, Any], arrived: float) -> list[EngineEvent]:
-        if "error" in chunk and not chunk.get("choices"):
+        # Once a chunk, hundreds of streams at once: each key is looked up once.
+        choices = chunk.get("choices")
+        if not choices and "error" in chunk:
             err = chunk["error"]
             if isinstance(err, dict):
                 raise StreamError(int(err.get("code") or 500), str(err.get("message", err)))
             raise StreamError(500, str(err))
         out: list[EngineEvent] = []
-        choices = chunk.get("choices") or []
-        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-        prompt_ids = chunk.get("prompt_token_ids") or choice.get("prompt_token_ids")
-        if self.prompt_tokens is None and isinstance(prompt_ids, list):
-            self.prompt_tokens = len(prompt_ids)
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-            if self.prompt_tokens is None and isinstance(self.usage.get("prompt_tokens"), int):
-                self.prompt_tokens = int(self.usage["prompt_tokens"])
-        if chunk.get("metrics") is not None:
-            self.metrics = chunk["metrics"]
-        accepted = self.accept()
-        if accepted is not None:
-            out.append(accepted)
+        first = choices[0] if choices else None
+        choice: dict[str, Any] = first if isinstance(first, dict) else {}
+        if self.prompt_tokens is None:
+            prompt_ids = chunk.get("prompt_token_ids") or choice.get("prompt_token_ids")
+            if isinstance(prompt_ids, list):
+                self.prompt_tokens = len(prompt_ids)
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            if self.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = int(usage["prompt_tokens"])
+        metrics = chunk.get("metrics")
+        if metrics is not None:
+            self.metrics = metrics
+        if not self.accepted:
+            accepted = self.accept()
+            if accepted is not None:
+                out.append(accepted)
         if not choice:
             return out
         delta = choice.get("delta")
         text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
         ids = choice.get("token_ids")
-        token_ids = tuple(int(i) for i in ids) if isinstance(ids, list) else ()
+        token_ids = tuple(map(int, ids)) if isinstance(ids, list) else ()
         count = len(token_ids) if ids is not None else (1 if text else 0)
         if count:
             if not self.accepted:
@@ -133,8 +139,9 @@ class ReplyAssembler:
             out.append(
                 self.times.token(token_ids, str(text), step=self.chunks, at=arrived, count=count)
             )
-        if choice.get("finish_reason") is not None:
-            self.reason = choice["finish_reason"]
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self.reason = reason
         return out
 
     @property

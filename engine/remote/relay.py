@@ -1,0 +1,50 @@
+"""From the remote engine's IO thread to a consumer's event loop: many items a wake-up.
+
+Each `call_soon_threadsafe` writes to the consumer loop's self-pipe and wakes it; one per
+token is thousands of wake-ups a second at hundreds of streams, on a host the client
+shares with everything else. A `Relay` wakes the consumer once for whatever arrived
+before it ran: items are handed over in order, and each keeps the time its chunk
+arrived, stamped on the IO thread before it gets here (never a batch's time).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from engine.request_book import Item
+
+
+class Relay:
+    """Hands (queue, item) pairs to `loop`; `put` from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[Item], Item]] = []
+        self._scheduled = False
+        self.wakeups = 0  # how many times the consumer was woken (a test reads it)
+
+    def put(self, queue: asyncio.Queue[Item], item: Item) -> None:
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return  # a wake-up is on its way and takes this one too
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the consumer's loop is gone: nobody is listening any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        self.wakeups += 1
+        for queue, item in items:
+            queue.put_nowait(item)

@@ -1,0 +1,432 @@
+"""A lean httpx transport for plain-HTTP/1.1 streams: one asyncio Protocol a connection.
+
+Why: at hundreds of streams the client must not be the bottleneck or the error. httpx's
+own transport (httpcore, h11, anyio) spends about 100-150 µs of Python on every chunk of a
+streamed reply and scans its whole pool on every request; on a small CPU host that is
+what queues the chunks and makes the measured TTFT and ITL late. This transport parses
+the status line, headers and chunked framing itself, in `data_received`, and hands the
+body on as it arrives: a few µs a chunk, and no limit on connections, so every stream is
+sent at once (a queue in the client would be counted as the server's TTFT).
+
+It keeps httpx's surface: the client, requests, responses and httpx's own exception
+types (ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError, ...), so callers
+handle errors exactly as with httpx's transport. It serves `http://` only, with no proxy:
+`https://` (TLS, certificates) and proxies from the environment keep httpx's transport
+(see `lean_transport_fits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+MAX_HEAD_BYTES = 256 * 1024  # a status line and headers; no vLLM answer comes near
+PAUSE_AT_BYTES = 4 * 1024**2  # body bytes waiting for the reader before reads pause
+PROXY_ENV = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def lean_transport_fits(url: str) -> bool:
+    """True where this transport may stand in for httpx's: plain http, and no proxy in
+    the environment that httpx would have used."""
+    if httpx.URL(url).scheme != "http":
+        return False
+    return not any(os.environ.get(name) for name in PROXY_ENV)
+
+
+def _connect_words(exc: OSError) -> str:
+    """`[Errno 111] Connection refused`, as httpx's transport says it: asyncio's own words
+    ("Connect call failed ('127.0.0.1', 8000)") do not name the reason."""
+    text = str(exc) or type(exc).__name__
+    if "Connect call failed" not in text:
+        return text  # a name that did not resolve says so itself
+    codes = set(re.findall(r"\[Errno (\d+)\]", text))
+    if len(codes) == 1:
+        errno = int(codes.pop())
+        return f"[Errno {errno}] {os.strerror(errno)}"
+    return text
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; parses one response at a time as its bytes arrive."""
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[None] | None = None
+        self.eof = False
+        self.error: Exception | None = None
+        self.paused = False
+        self._reset(head_only=False)
+
+    def _reset(self, *, head_only: bool) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.no_body = head_only
+        self.body: list[bytes] = []
+        self.pending = 0  # bytes in body
+        self.complete = False
+        self.keep_alive = True
+        self.framing = "close"  # "length", "chunked" or "close"
+        self.remaining = 0  # bytes left in the body (length) or the chunk (chunked)
+        self.chunk_state = "size"  # "size", "data", "crlf", "trailer"
+        self.got_bytes = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parse(data)
+        except httpx.RemoteProtocolError as exc:
+            self.error = exc
+            self._close()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.head_done and self.framing == "close" and not self.complete:
+            self.complete = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        if exc is not None and self.error is None:
+            self.error = httpx.ReadError(str(exc) or type(exc).__name__)
+        if self.head_done and self.framing == "close" and not self.complete:
+            self.complete = True
+        self._wake()
+
+    # -- waiting ----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Until more arrives (or the connection ends); ReadTimeout past `timeout`."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        try:
+            if timeout is None:
+                await waiter
+            else:
+                try:
+                    await asyncio.wait_for(waiter, timeout)
+                except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11, two before
+                    raise httpx.ReadTimeout(f"no answer within {timeout:g} s") from None
+        finally:
+            self._waiter = None
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- parsing ----------------------------------------------------------------------------
+    def _parse(self, data: bytes) -> None:
+        if not self.head_done:
+            self._buf += data
+            if not self._parse_head():
+                if len(self._buf) > MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError("the answer's headers are too long")
+                return
+            data = bytes(self._buf)
+            self._buf.clear()
+            if not data:
+                return
+        elif self._buf:
+            self._buf += data
+            data = bytes(self._buf)
+            self._buf.clear()
+        if self.complete:
+            if data.strip():
+                raise httpx.RemoteProtocolError("the server sent more than its answer")
+            return
+        if self.framing == "chunked":
+            self._parse_chunked(data)
+        elif self.framing == "length":
+            take = data[: self.remaining]
+            self.remaining -= len(take)
+            self._add(take)
+            if self.remaining == 0:
+                self.complete = True
+                if len(data) > len(take):
+                    self.keep_alive = False  # bytes past the answer: not a clean connection
+        else:
+            self._add(data)
+        if self.pending > PAUSE_AT_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _add(self, data: bytes) -> None:
+        if data:
+            self.body.append(data)
+            self.pending += len(data)
+
+    def _parse_head(self) -> bool:
+        """Read the status line and headers from the buffer; False until all are here.
+        Informational (1xx) answers are skipped."""
+        while True:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            head = bytes(self._buf[:end])
+            del self._buf[: end + 4]
+            lines = head.split(b"\r\n")
+            parts = lines[0].split(b" ", 2)
+            if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+                raise httpx.RemoteProtocolError(f"not an HTTP answer: {lines[0][:80]!r}")
+            status = int(parts[1])
+            if 100 <= status < 200 and status != 101:
+                continue
+            headers = []
+            for line in lines[1:]:
+                name, sep, value = line.partition(b":")
+                if not sep:
+                    raise httpx.RemoteProtocolError(f"a header line with no colon: {line[:80]!r}")
+                headers.append((name.strip(), value.strip()))
+            self._start_body(status, parts[2] if len(parts) > 2 else b"", headers)
+            return True
+
+    def _start_body(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status, self.reason, self.headers = status, reason, headers
+        self.head_done = True
+        length: int | None = None
+        chunked = False
+        for name, value in headers:
+            low = name.lower()
+            if low == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif low == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(
+                        f"Content-Length {value[:40]!r} is not a number"
+                    ) from None
+            elif low == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+        if self.no_body or status in (204, 304):
+            self.complete = True
+        elif chunked:
+            self.framing = "chunked"
+        elif length is not None:
+            self.framing, self.remaining = "length", length
+            self.complete = length == 0
+        else:
+            self.framing = "close"  # the body ends when the connection does
+            self.keep_alive = False
+
+    def _parse_chunked(self, data: bytes) -> None:
+        pos, size = 0, len(data)
+        while pos < size and not self.complete:
+            state = self.chunk_state
+            if state == "data":
+                take = data[pos : pos + self.remaining]
+                self._add(take)
+                pos += len(take)
+                self.remaining -= len(take)
+                if self.remaining == 0:
+                    self.chunk_state = "crlf"
+                continue
+            if state == "crlf":
+                if size - pos < 2:
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError("a chunk did not end in CRLF")
+                pos += 2
+                self.chunk_state = "size"
+                continue
+            end = data.find(b"\r\n", pos)
+            if end < 0:
+                if size - pos > 4096:
+                    raise httpx.RemoteProtocolError("a chunk-size line is too long")
+                break
+            line = data[pos:end]
+            pos = end + 2
+            if state == "trailer":
+                if not line:
+                    self.complete = True
+                continue
+            try:
+                n = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"a chunk size {line[:40]!r}") from None
+            if n < 0:
+                raise httpx.RemoteProtocolError(f"a chunk size {line[:40]!r}")
+            if n == 0:
+                self.chunk_state = "trailer"
+            else:
+                self.chunk_state, self.remaining = "data", n
+        if pos < size and not self.complete:
+            self._buf += data[pos:]
+        elif pos < size and data[pos:].strip():
+            raise httpx.RemoteProtocolError("the server sent more than its answer")
+
+    # -- the body, for the reader -----------------------------------------------------------
+    def take(self) -> bytes:
+        data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body.clear()
+        self.pending = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and self.keep_alive
+            and not self.eof
+            and self.error is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
+
+
+class _Body(httpx.AsyncByteStream):
+    """The body of one answer, read as it arrives; the connection goes back to the pool
+    when the body was read to its end, and is closed otherwise."""
+
+    def __init__(self, pool: LeanTransport, conn: _Connection, read_timeout: float | None):
+        self._pool = pool
+        self._conn = conn
+        self._timeout = read_timeout
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        while True:
+            if conn.body:
+                yield conn.take()
+                continue
+            if conn.complete:
+                return
+            if conn.error is not None:
+                raise conn.error
+            if conn.eof:
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                )
+            await conn.wait(self._timeout)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.release(self._conn)
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """Plain HTTP/1.1 with keep-alive and no limit on connections (see the module)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self.connections_made = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"the lean transport speaks http only, not {url}")
+        timeouts = request.extensions.get("timeout", {})
+        key = (url.host, url.port or 80)
+        body = await request.aread()
+        target = url.raw_path
+        lines = [request.method.encode() + b" " + target + b" HTTP/1.1"]
+        lines += [name + b": " + value for name, value in request.headers.raw]
+        message = b"\r\n".join(lines) + b"\r\n\r\n" + body
+        head_only = request.method.upper() == "HEAD"
+        while True:
+            conn = self._idle_connection(key)
+            fresh = conn is None
+            if conn is None:
+                conn = await self._connect(key, timeouts.get("connect"))
+            conn._reset(head_only=head_only)
+            try:
+                return await self._exchange(conn, message, timeouts.get("read"))
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                # A kept-alive connection the server closed meanwhile: once more, afresh.
+                if fresh or conn.got_bytes:
+                    raise
+
+    async def _exchange(
+        self, conn: _Connection, message: bytes, read_timeout: float | None
+    ) -> httpx.Response:
+        assert conn.transport is not None
+        if conn.transport.is_closing():
+            raise httpx.ReadError("the connection closed before the request was sent")
+        conn.transport.write(message)
+        try:
+            while not conn.head_done:
+                if conn.error is not None:
+                    raise conn.error
+                if conn.eof:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response."
+                    )
+                await conn.wait(read_timeout)
+        except BaseException:
+            self._discard(conn)
+            raise
+        return httpx.Response(
+            conn.status,
+            headers=conn.headers,
+            stream=_Body(self, conn, read_timeout),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
+        )
+
+    def _idle_connection(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.reusable() and not conn.body:
+                return conn
+            self._discard(conn)
+        return None
+
+    async def _connect(self, key: tuple[str, int], timeout: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        host, port = key
+        conn = _Connection(key)
+        try:
+            if timeout is None:
+                await loop.create_connection(lambda: conn, host, port)
+            else:
+                await asyncio.wait_for(loop.create_connection(lambda: conn, host, port), timeout)
+        except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11, two before
+            raise httpx.ConnectTimeout(f"no connection within {timeout:g} s") from None
+        except OSError as exc:
+            raise httpx.ConnectError(_connect_words(exc)) from exc
+        self.connections_made += 1
+        self._open.add(conn)
+        return conn
+
+    def release(self, conn: _Connection) -> None:
+        """The body is done with: keep the connection for the next request, or close it."""
+        if conn.reusable() and not conn.body:
+            self._idle.setdefault(conn.key, []).append(conn)
+        else:
+            self._discard(conn)
+
+    def _discard(self, conn: _Connection) -> None:
+        self._open.discard(conn)
+        conn._close()
+
+    async def aclose(self) -> None:
+        for conn in list(self._open):
+            self._discard(conn)
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports' close callbacks run
