@@ -228,6 +228,23 @@ def test_recorded_chat_stream_becomes_events() -> None:
     assert [t.index for t in tokens] == list(range(24))
 
 
+def test_cached_prompt_tokens_are_kept_without_per_request_metrics() -> None:
+    # A server with --enable-prompt-tokens-details but not --enable-per-request-metrics.
+    usage = {"prompt_tokens": 300, "prompt_tokens_details": {"cached_tokens": 256}}
+    chunks = [
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":'
+        + json.dumps(usage).encode()
+        + b"}\n\n",
+        b"data: [DONE]\n\n",
+    ]
+    fin = chat_chunks(chunks)[-1]
+    assert isinstance(fin, RequestFinished)
+    assert fin.server is None  # no metrics object: no server timings
+    assert fin.cached_prompt_tokens == 256
+    assert fin.prompt_tokens == 300
+
+
 def test_tokens_arriving_together_share_one_time() -> None:
     raw = (FIXTURES / "chat_stream.sse").read_bytes()
     events = chat_chunks([raw])  # the whole reply in one network read

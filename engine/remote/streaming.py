@@ -29,13 +29,19 @@ def _seconds(ms: Any) -> float | None:
     return float(ms) / 1000.0 if isinstance(ms, int | float) else None
 
 
-def server_timings(metrics: Any, usage: Any) -> ServerTimings | None:
-    """vLLM's per-request `metrics` object (ms) in seconds, with the cached prompt tokens."""
-    cached = None
+def cached_prompt_tokens(usage: Any) -> int | None:
+    """The prefix-cache hit the server reports in its usage block
+    (`--enable-prompt-tokens-details`), whether or not it also sends per-request metrics."""
     if isinstance(usage, dict):
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            cached = int(details["cached_tokens"])
+            return int(details["cached_tokens"])
+    return None
+
+
+def server_timings(metrics: Any, usage: Any) -> ServerTimings | None:
+    """vLLM's per-request `metrics` object (ms) in seconds, with the cached prompt tokens."""
+    cached = cached_prompt_tokens(usage)
     if not isinstance(metrics, dict):
         return None
     return ServerTimings(
@@ -158,4 +164,8 @@ class ReplyAssembler:
             prompt_tokens=served if isinstance(served, int) else (self.prompt_tokens or 0),
         )
         timings = server_timings(self.metrics, self.usage)
-        return dataclasses.replace(final, server=timings) if timings else final
+        # The cached count is the request's own figure, as vLLM's num_cached_tokens is
+        # in-process: the footer, the load runner and the JSON read it there.
+        return dataclasses.replace(
+            final, server=timings, cached_prompt_tokens=cached_prompt_tokens(self.usage)
+        )
