@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from engine.events import LoadProgress
+    from engine.fleet.fleet_engine import FleetEngine
     from engine.protocol import Engine
     from engine.remote import RemoteEngine
     from engine.remote.client import ServerUrl
@@ -85,9 +86,29 @@ def add_attach_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help=(
-            "a replica behind the --url router, scraped on its own (repeat it; named a, "
-            "b, ... unless NAME= is given): the fleet view shows each one's queue, KV and "
-            "tokens/s, and an imbalance line"
+            "a replica behind the --url router, scraped and followed on its own (repeat "
+            "it; named a, b, ... unless NAME= is given): the fleet view shows each one's "
+            "queue, KV and tokens/s, and where each prefix is cached; without --url, "
+            "kvscope sends requests to the replicas in turn (round robin)"
+        ),
+    )
+    group.add_argument(
+        "--replica-kv-events",
+        metavar="NAME=ENDPOINT",
+        action="append",
+        default=[],
+        help=(
+            "where replica NAME publishes KV-cache events, or NAME=off (repeat it); a "
+            "replica not named is asked (its /kv_event_sources), as --kv-events auto does"
+        ),
+    )
+    group.add_argument(
+        "--router-metrics",
+        metavar="URL",
+        help=(
+            "the router's own Prometheus endpoint (vllm-router --prometheus-port), e.g. "
+            "http://127.0.0.1:29000/metrics: its per-worker counter says which replica "
+            "served each request"
         ),
     )
     group.add_argument(
@@ -158,43 +179,129 @@ def remote_engine(args: argparse.Namespace, engine_argv: list[str]) -> Iterator[
 
 
 def with_fleet(args: argparse.Namespace, engine: RemoteEngine) -> Engine:
-    """`engine`, and each `--replica` scraped beside it when there are some."""
+    """`engine`, and each `--replica` scraped and followed beside it when there are some.
+
+    Without a router (`args.round_robin`, set by `check_replicas`), `engine` is the first
+    replica's, and kvscope sends each request to the next replica in turn.
+    """
     if not args.replica:
         return engine
-    from engine.fleet.fleet_engine import FleetEngine
-    from engine.fleet.replicas import parse_replicas
+    return make_fleet(args, engine)
 
-    return FleetEngine(engine, parse_replicas(args.replica), api_key=args.api_key)
+
+def make_fleet(args: argparse.Namespace, engine: RemoteEngine) -> FleetEngine:
+    from engine.fleet.fleet_engine import FleetEngine
+    from engine.fleet.replica_kv_events import OFF, parse_kv_settings
+    from engine.fleet.replicas import parse_replicas
+    from engine.fleet.round_robin import RoundRobinEngine
+    from engine.remote import RemoteEngine
+
+    replicas = parse_replicas(args.replica)
+    kv = parse_kv_settings(args.replica_kv_events, replicas)
+    if args.kv_events == "off":  # off for the whole fleet, unless a replica says otherwise
+        kv = {name: OFF if setting == "auto" else setting for name, setting in kv.items()}
+    router_metrics = _router_metrics(args.router_metrics)
+    if getattr(args, "round_robin", False):
+        first, *rest = replicas
+        engines = [(first.name, engine)] + [
+            (
+                r.name,
+                RemoteEngine(
+                    r.where,
+                    api_key=args.api_key,
+                    served_model_name=args.served_model_name,
+                    timeouts=args.timeout,
+                    # The first replica's scrapes feed the charts; these only re-attach.
+                    scrape_interval_s=1.0,
+                ),
+            )
+            for r in rest
+        ]
+        inner: RemoteEngine | RoundRobinEngine = RoundRobinEngine(engines)
+        return FleetEngine(inner, replicas, api_key=args.api_key, kv_settings=kv)
+    return FleetEngine(
+        engine,
+        replicas,
+        api_key=args.api_key,
+        kv_settings=kv,
+        router_metrics=router_metrics,
+        router_url=engine.url,
+    )
+
+
+def _router_metrics(text: str | None) -> str | None:
+    if not text:
+        return None
+    from engine.errors import BadOption
+    from engine.remote.client import parse_server_url, safe_url
+
+    try:
+        where = parse_server_url(text.strip())
+    except BadOption as exc:
+        raise BadOption("--router-metrics", f"{safe_url(text)!r}: {exc.reason}") from None
+    from urllib.parse import urlsplit
+
+    # A bare host:port means its /metrics; a path given is kept as it is.
+    bare = urlsplit(text.strip()).path in ("", "/")
+    return where.root.rstrip("/") + "/metrics" if bare else where.root
 
 
 def check_replicas(args: argparse.Namespace) -> None:
-    """`--replica` flags refused in words before anything starts."""
+    """`--replica` flags refused in words before anything starts.
+
+    Without `--url`, the first replica stands in for it (so the server engine is chosen)
+    and `args.round_robin` is set: kvscope routes the requests itself.
+    """
     if not getattr(args, "replica", None):
+        if getattr(args, "replica_kv_events", None):
+            from engine.errors import BadOption
+
+            raise BadOption("--replica-kv-events", "needs --replica: the replicas it names")
         return
-    from engine.errors import BadOption
+    from engine.fleet.replica_kv_events import parse_kv_settings
     from engine.fleet.replicas import parse_replicas
 
+    replicas = parse_replicas(args.replica)
+    parse_kv_settings(args.replica_kv_events, replicas)
+    _router_metrics(args.router_metrics)
     if not args.url:
-        raise BadOption(
-            "--replica",
-            "needs --url: the router the requests go through (or one of the replicas)",
-        )
-    parse_replicas(args.replica)
+        if args.router_metrics:
+            from engine.errors import BadOption
+
+            raise BadOption(
+                "--router-metrics",
+                "needs --url: the router whose counter it is (without --url, kvscope "
+                "routes round robin and knows where each request went)",
+            )
+        args.url = next(iter(replicas)).where
+        args.round_robin = True
 
 
 @contextmanager
 def attached_engine(args: argparse.Namespace, engine_argv: list[str]) -> Iterator[Engine]:
-    """`remote_engine`, with the fleet's replicas scraped while it is attached."""
-    with remote_engine(args, engine_argv) as engine:
-        fleet = with_fleet(args, engine)
-        if fleet is engine:
+    """`remote_engine`, or with `--replica` the fleet: every replica attached, scraped and
+    followed while the block runs, then all let go."""
+    if not args.replica:
+        with remote_engine(args, engine_argv) as engine:
             yield engine
-            return
-        from engine.fleet.fleet_engine import FleetEngine
+        return
+    from cli.launch import progress_bar
+    from engine.fleet.round_robin import RoundRobinEngine
 
-        assert isinstance(fleet, FleetEngine)
-        fleet.watch()
-        try:
-            yield fleet
-        finally:
-            fleet.shutdown()  # the scrapers, then the server's streams (again: harmless)
+    fleet = make_fleet(args, make_remote(args, engine_argv))
+    try:
+        with progress_bar("kvscope") as progress:
+            task = progress.add_task(
+                f"attaching to a fleet of {len(fleet.replicas)} replicas", total=1.0, stage=""
+            )
+
+            def on_progress(p: LoadProgress) -> None:
+                progress.update(task, completed=p.fraction, stage=p.stage)
+
+            fleet.start(on_progress)
+        primary = fleet.inner.primary if isinstance(fleet.inner, RoundRobinEngine) else fleet.inner
+        attach_notice(primary)
+        print(f"kvscope: {fleet.routing}", file=sys.stderr)
+        yield fleet
+    finally:
+        fleet.shutdown()  # the scrapers and subscribers, then every server's streams

@@ -75,6 +75,16 @@ class TokenEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaServed:
+    """Which replica of a fleet served a request, and where its prefix was cached then
+    (engine/fleet): words for the reply's footer, each naming what it rests on."""
+
+    replica: str | None  # None: not known
+    served: str  # "served by b (router counter)", or why it is not known
+    prefix: str = ""  # "prefix: 412 of 430 tokens cached on replica b"; "" if not known
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFinished:
     request_id: str
     reason: FinishReason
@@ -94,6 +104,8 @@ class RequestFinished:
     # Prompt tokens found in the engine's prefix cache, so not computed again (vLLM's
     # `num_cached_tokens`, a server's `cached_tokens`); None when the engine does not say.
     cached_prompt_tokens: int | None = None
+    # Which replica of a fleet served it (engine/fleet/fleet_engine.py); None otherwise.
+    fleet: ReplicaServed | None = None
 
     @classmethod
     def from_times(
@@ -177,6 +189,37 @@ class RequestBlocks:
     num_tokens: int  # tokens whose KV is in those blocks
 
 
+PAGE_BLOCKS = 256
+"""Blocks per page of a BlockCacheState: a step that changes a few blocks rebuilds only
+their pages, never a list as long as the pool (a GPU's holds 100,000 blocks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCacheState:
+    """The prefix cache's blocks as one step left them, from the engine's own pool.
+
+    vLLM keeps a freed full block in its free queue with its hash, so a later prompt with
+    the same prefix can take it back instead of computing it again; it is lost only when a
+    new block is needed and it is the oldest such. So a free block is one of two kinds:
+    empty, or cached (evictable: it counts as free, and still holds a prefix). A held
+    block is reused when the request got it from the cache (a prefix hit).
+
+    Both sets are split in pages of `PAGE_BLOCKS` IDs (page k holds IDs k*PAGE_BLOCKS up to
+    the next page's, sorted); an unchanged page is the same tuple from step to step.
+    """
+
+    cached_pages: tuple[tuple[int, ...], ...] = ()
+    reused_pages: tuple[tuple[int, ...], ...] = ()
+    cached: int = 0  # free blocks holding a cached prefix
+    reused: int = 0  # held blocks that a request got from the cache
+
+    def cached_ids(self) -> tuple[int, ...]:
+        return tuple(b for page in self.cached_pages for b in page)
+
+    def reused_ids(self) -> tuple[int, ...]:
+        return tuple(b for page in self.reused_pages for b in page)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestWork:
     """One request's share of one step: prompt (or recompute) tokens, and decode tokens."""
@@ -211,6 +254,9 @@ class StepSample:
     # step ran, but every panel must see the pool as it is now (empty), not as the last
     # step left it.
     idle: bool = False
+    # Which free blocks still hold a cached prefix and which held ones were prefix hits;
+    # None where the engine does not say (no prefix caching, a server, an older tape).
+    block_cache: BlockCacheState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +288,7 @@ class StepStarted:
     blocks: tuple[RequestBlocks, ...]  # what the scheduled requests hold for this step
     free_blocks: int
     total_blocks: int
+    block_cache: BlockCacheState | None = None  # as the scheduler just left it
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ It exists for the UI's pilot tests and snapshots and for the UI benchmark. It im
 vLLM, runs on an injected clock, and schedules like a tiny paged-attention engine: whole-
 prompt prefill (or chunks of `max_num_batched_tokens`), one token per decode step, blocks
 taken from a free list, and preemption of the newest request when a decode step finds no
-free block. Its step samples say what each request did, and each finished request carries
+free block; with `prefix_caching`, freed full blocks stay cached as vLLM keeps them. Its
+step samples say what each request did, and each finished request carries
 its TTFT anatomy, as VllmEngine's do. The engine contract tests run it beside the real
 engines (tests/test_engine_protocol.py).
 """
@@ -18,9 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.block_cache import BlockCacheTracker
 from engine.clock import Clock, VirtualClock
 from engine.errors import EngineDied
 from engine.events import (
+    BlockCacheState,
     ChatMessage,
     EngineEvent,
     FinishReason,
@@ -158,6 +161,11 @@ class FakeConfig:
     # this many tokens, after the decodes, as vLLM's chunked prefill does. None: whole
     # prompts in one step (the fake's behaviour before it had a budget).
     max_num_batched_tokens: int | None = None
+    # vLLM's automatic prefix caching: a freed full block keeps its content (hashed by
+    # the tokens up to its end) at the back of the free list, evicted last; a new prompt
+    # starting with the same full blocks takes them back instead of prefilling them. Off
+    # by default, so scripts written before it keep their exact steps and blocks.
+    prefix_caching: bool = False
 
 
 @dataclass(eq=False)  # live state, compared by identity (`in` a queue is O(1) per item)
@@ -167,6 +175,9 @@ class _Live(LiveRequest):
     computed: int = 0  # tokens whose KV is in `blocks`
     prefill_left: int = 0  # prompt tokens still to prefill (chunked prefill)
     aborted: bool = False
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache, first time in
+    hashed: int = 0  # leading blocks whose content is in the prefix cache's index
+    last_key: int | None = None  # the hash of the last of them (each chains on the one before)
 
     @property
     def output_tokens(self) -> int:
@@ -183,6 +194,14 @@ class FakeEngine:
         self._running: list[_Live] = []
         self._book: RequestBook[_Live] = RequestBook()
         self._free: list[int] = []
+        # Prefix caching (FakeConfig.prefix_caching): freed blocks still holding a prefix,
+        # oldest first (taken only when no empty block is left, evicting their content);
+        # the index from a block's content hash to the block; who holds each block.
+        self._evictable: dict[int, None] = {}
+        self._cache: dict[int, int] = {}
+        self._key_of: dict[int, int] = {}
+        self._refs: dict[int, int] = {}
+        self._tracker: BlockCacheTracker | None = None
         self._step = 0
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -205,6 +224,8 @@ class FakeEngine:
             if progress:
                 progress(LoadProgress(stage, (i + 1) / 3))
         self._free = list(range(c.total_blocks))
+        self._evictable, self._cache, self._key_of, self._refs = {}, {}, {}, {}
+        self._tracker = BlockCacheTracker(c.total_blocks) if c.prefix_caching else None
         self._dead = None
         self._step = 0
         self._card = ModelCard(
@@ -299,23 +320,121 @@ class FakeEngine:
             self._do_step()
             await self.clock.sleep(self._last_duration)
 
+    @property
+    def _num_free(self) -> int:
+        return len(self._free) + len(self._evictable)
+
     def _alloc(self, live: _Live, num_tokens: int) -> bool:
         need = math.ceil(num_tokens / self.config.block_size) - len(live.blocks)
-        if need > len(self._free):
+        if need > self._num_free:
             return False
         for _ in range(max(0, need)):
-            live.blocks.append(self._free.pop(0))
+            live.blocks.append(self._take_free())
         return True
 
+    def _take_free(self) -> int:
+        if self._tracker is None:
+            return self._free.pop(0)
+        if self._free:
+            block = self._free.pop(0)
+        else:
+            # No empty block left: the oldest cached one loses its content.
+            block = next(iter(self._evictable))
+            del self._evictable[block]
+            key = self._key_of.pop(block, None)
+            if key is not None and self._cache.get(key) == block:
+                del self._cache[key]
+        self._refs[block] = 1
+        self._tracker.taken((block,), reused=False)
+        return block
+
     def _release(self, live: _Live) -> None:
-        self._free.extend(live.blocks)
-        self._free.sort()
+        if self._tracker is None:
+            self._free.extend(live.blocks)
+            self._free.sort()
+        else:
+            # Tail first, as vLLM frees: a request's last blocks are evicted before its
+            # first ones, which a follow-up prompt is likeliest to share.
+            for block in reversed(live.blocks):
+                self._refs[block] -= 1
+                if self._refs[block]:
+                    continue  # another request shares it
+                del self._refs[block]
+                cached = block in self._key_of
+                if cached:
+                    self._evictable[block] = None
+                else:
+                    self._free.append(block)
+                self._tracker.freed((block,) if cached else (), () if cached else (block,))
+            self._free.sort()
         live.blocks.clear()
         live.computed = 0
+        live.hashed, live.last_key = 0, None
+
+    def _chain(self, live: _Live, block: int, key: int | None) -> int:
+        """The content hash of a request's `block`-th block: its tokens and all before."""
+        size = self.config.block_size
+        start, end = block * size, (block + 1) * size
+        prompt = live.prompt_ids
+        # The outputs' IDs are the fake's own (1000 + index), as its TokenEvents say.
+        outputs = tuple(
+            1000 + i for i in range(max(start, len(prompt)) - len(prompt), end - len(prompt))
+        )
+        return hash((key, prompt[start:end] + outputs))
+
+    def _prefix_hit(self, live: _Live) -> list[int]:
+        """The cached blocks a new prompt starts with (never its last token: vLLM always
+        computes at least one, to have logits for the first output token)."""
+        hits: list[int] = []
+        key: int | None = None
+        for k in range((len(live.prompt_ids) + live.output_tokens - 1) // self.config.block_size):
+            key = self._chain(live, k, key)
+            block = self._cache.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _index_full_blocks(self, live: _Live) -> None:
+        """Put the request's newly full blocks in the prefix cache's index."""
+        size = self.config.block_size
+        while live.hashed < min(len(live.blocks), live.computed // size):
+            key = self._chain(live, live.hashed, live.last_key)
+            block = live.blocks[live.hashed]
+            self._cache.setdefault(key, block)  # the first block with it serves the hits
+            self._key_of[block] = key
+            live.hashed, live.last_key = live.hashed + 1, key
+
+    def _admit(self, live: _Live, num_tokens: int) -> bool:
+        """Blocks for a waiting request's whole prompt: its cached prefix first."""
+        if self._tracker is None:
+            return self._alloc(live, num_tokens)
+        hits = self._prefix_hit(live)
+        free_hits = sum(1 for b in hits if b in self._evictable)
+        need = math.ceil(num_tokens / self.config.block_size) - len(hits)
+        if need > self._num_free - free_hits:
+            return False
+        for block in hits:
+            self._evictable.pop(block, None)
+            self._refs[block] = self._refs.get(block, 0) + 1
+            self._tracker.taken((block,), reused=True)
+        live.blocks.extend(hits)
+        live.hashed = len(hits)
+        live.last_key = self._key_of.get(hits[-1]) if hits else None
+        live.computed = len(hits) * self.config.block_size
+        if live.cached_tokens is None:
+            live.cached_tokens = live.computed  # vLLM counts a request's first prefill only
+        return self._alloc(live, num_tokens)
+
+    def _block_cache(self) -> BlockCacheState | None:
+        return self._tracker.state() if self._tracker is not None else None
 
     def _finish(self, live: _Live, reason: FinishReason) -> None:
         self._release(live)
-        live.put(self._book.finish(live, reason, self.clock.now()))
+        done = self._book.finish(live, reason, self.clock.now())
+        if live.cached_tokens is not None:
+            done = dataclasses.replace(done, cached_prompt_tokens=live.cached_tokens)
+        live.put(done)
 
     def _do_step(self) -> None:
         c = self.config
@@ -379,17 +498,21 @@ class FakeEngine:
             if budget <= 0:
                 break
             n = len(live.prompt_ids) + live.output_tokens
-            if not self._alloc(live, n):
+            if not self._admit(live, n):
                 break
             self._waiting.remove(live)
             self._running.append(live)
-            chunk = int(min(n, budget))
-            live.computed = chunk
-            live.prefill_left = n - chunk
+            cached = live.computed  # 0 without prefix caching
+            chunk = int(min(n - cached, budget))
+            live.computed = cached + chunk
+            live.prefill_left = n - cached - chunk
             prefill += chunk
             budget -= chunk
             rid = live.request.request_id
             work[rid] = RequestWork(rid, chunk, 0)
+        if self._tracker is not None:
+            for live in self._running:
+                self._index_full_blocks(live)
         context = sum(x.computed for x in self._running)
         duration = (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0) + (
             c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0
@@ -411,8 +534,8 @@ class FakeEngine:
             decode_tokens=decode,
             running=len(self._running),
             waiting=len(self._waiting),
-            kv_usage=1 - len(self._free) / c.total_blocks,
-            free_blocks=len(self._free),
+            kv_usage=1 - self._num_free / c.total_blocks,
+            free_blocks=self._num_free,
             total_blocks=c.total_blocks,
             block_size=c.block_size,
             blocks=tuple(
@@ -423,6 +546,7 @@ class FakeEngine:
             preempted_ids=tuple(preempted),
             work=tuple(work.values()),
             waiting_ids=tuple(x.request.request_id for x in self._waiting),
+            block_cache=self._block_cache(),
         )
         self._last_duration = duration
         self._listeners.emit(sample)
@@ -441,15 +565,14 @@ class FakeEngine:
         if not self._book.went_idle():
             return
         c = self.config
-        self._listeners.emit(
-            idle_sample(
-                step=self._step,
-                at=self.clock.now(),
-                kv_usage=1 - len(self._free) / c.total_blocks,
-                free_blocks=len(self._free),
-                total_blocks=c.total_blocks,
-                block_size=c.block_size,
-            )
+        sample = idle_sample(
+            step=self._step,
+            at=self.clock.now(),
+            kv_usage=1 - self._num_free / c.total_blocks,
+            free_blocks=self._num_free,
+            total_blocks=c.total_blocks,
+            block_size=c.block_size,
         )
+        self._listeners.emit(dataclasses.replace(sample, block_cache=self._block_cache()))
 
     _last_duration: float = 0.0

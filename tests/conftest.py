@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
+    from real_fleet import RealFleet
     from remote_server import VllmServer
 
 # Small enough to start fast and to fill; large enough for one 4,096-token request. The
@@ -38,7 +39,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
-        if {"vllm_engine", "vllm_server"} & set(item.fixturenames):
+        if {"vllm_engine", "vllm_server", "real_fleet"} & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
             continue
         if item.path not in scans:
@@ -140,3 +141,13 @@ def vllm_server() -> Iterator[VllmServer]:
     yield server
     server.stop()
     assert not server.group_alive(), "a vLLM server process outlived the tests"
+
+
+@pytest.fixture(scope="session")
+def real_fleet() -> Iterator[RealFleet]:
+    """Two real vLLM servers and vllm-router on loopback, once per session (real_fleet.py)."""
+    from real_fleet import running_fleet
+
+    with running_fleet() as fleet:
+        print(f"\nfleet of 2 servers and a router up after {fleet.start_seconds:.1f} s")
+        yield fleet

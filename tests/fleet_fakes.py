@@ -3,19 +3,23 @@
 `FakeReplica` is a pretend vLLM server on 127.0.0.1 (http.server, one thread per
 request): /health, /v1/models, /metrics (whatever `metrics` holds now) and a streamed
 /v1/chat/completions whose reply names the replica, so a test can see where a router
-sent each request. No vLLM anywhere.
+sent each request. `FakePublisher` is a replica's KV-event PUB socket. No vLLM anywhere.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from engine.remote.kv_events import KvBatch, KvEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MODEL = "fake-model"
 BLOCK = 16
@@ -101,6 +105,8 @@ class FakeReplica:
         self.name = name
         self.metrics = metrics if metrics is not None else metrics_text()
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.kv_sources: dict[str, Any] | None = None  # GET /kv_event_sources, else 404
+        self.stopped = False
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -116,12 +122,23 @@ class FakeReplica:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _gone(self) -> bool:
+                # A kept-alive connection outlives the listener: a stopped replica
+                # answers nothing on it either, as a killed server would.
+                if fake.stopped:
+                    self.close_connection = True
+                return fake.stopped
+
             def do_GET(self) -> None:
+                if self._gone():
+                    return
                 fake.requests.append((self.path, dict(self.headers)))
                 if self.path == "/health":
                     self._send(200, "text/plain", b"")
                 elif self.path == "/metrics":
                     self._send(200, "text/plain", fake.metrics.encode())
+                elif self.path == "/kv_event_sources" and fake.kv_sources is not None:
+                    self._send(200, "application/json", json.dumps(fake.kv_sources).encode())
                 elif self.path == "/v1/models":
                     entry = {"id": MODEL, "root": MODEL, "max_model_len": 1024}
                     self._send(200, "application/json", json.dumps({"data": [entry]}).encode())
@@ -129,6 +146,8 @@ class FakeReplica:
                     self._send(404, "application/json", b'{"detail": "Not Found"}')
 
             def do_POST(self) -> None:
+                if self._gone():
+                    return
                 fake.requests.append((self.path, dict(self.headers)))
                 length = int(self.headers.get("Content-Length", "0"))
                 self.rfile.read(length)
@@ -153,6 +172,7 @@ class FakeReplica:
         return [path for path, _ in self.requests]
 
     def stop(self) -> None:
+        self.stopped = True
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -162,3 +182,52 @@ class FakeReplica:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+class FakePublisher:
+    """A replica's KV-event PUB socket on loopback, framed as vLLM 0.32 frames it
+    (topic, 8-byte sequence number, payload); no replay endpoint."""
+
+    def __init__(self) -> None:
+        import zmq
+        from remote_server import free_port
+
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self.port = free_port()
+        self._pub.bind(f"tcp://127.0.0.1:{self.port}")
+        self.seq = 0
+        self._lock = threading.Lock()
+
+    def sources(self) -> dict[str, Any]:
+        """What the replica's GET /kv_event_sources answers: a wildcard endpoint."""
+        return {
+            "0": {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{self.port}",
+                "replay_endpoint": None,
+            }
+        }
+
+    def send(self, payload: bytes) -> None:
+        with self._lock:
+            self._pub.send_multipart([b"kv", self.seq.to_bytes(8, "big"), payload])
+            self.seq += 1
+
+    def send_raw(self, *frames: bytes) -> None:
+        self._pub.send_multipart(list(frames))
+
+    def warm(self, received: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Send empty batches until the subscriber has one: ZMQ drops what a PUB sends
+        before a SUB has joined (the slow joiner)."""
+        deadline = time.monotonic() + timeout_s
+        while not received():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the subscriber never joined")
+            self.send(msgspec.msgpack.encode([0.0, [], 0]))
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._pub.close(linger=0)
+        self._ctx.term()

@@ -11,14 +11,16 @@ from cli_helpers import KVSCOPE, one_line
 from fleet_fakes import FakeReplica, metrics_text
 from remote_server import FakeServer
 from rich.console import Console
-from tui_helpers import WIDE, engine_ready, make_app, settle, wait_until
+from tui_helpers import WIDE, engine_ready, make_app, reply_done, send_chat, settle, wait_until
 
 from cli.attach import add_attach_args, check_replicas
 from engine.errors import BadOption
 from engine.fleet.fleet_engine import FleetEngine
 from engine.fleet.replicas import parse_replicas
+from engine.fleet.round_robin import RoundRobinEngine
 from engine.remote import RemoteEngine
 from tui.widgets.fleet_view import FleetView
+from tui.widgets.reply_block import ReplyBlock
 
 
 def _args(*flags: str) -> argparse.Namespace:
@@ -27,16 +29,39 @@ def _args(*flags: str) -> argparse.Namespace:
     return p.parse_args(list(flags))
 
 
-def test_replicas_without_a_url_or_twice_the_same_are_refused_before_anything_starts() -> None:
-    with pytest.raises(BadOption, match="needs --url"):
-        check_replicas(_args("--replica", "http://127.0.0.1:1"))
+def test_replica_flags_are_refused_in_words_before_anything_starts() -> None:
     twice = ["--replica", "a=http://127.0.0.1:1", "--replica", "a=http://127.0.0.1:2"]
-    with pytest.raises(BadOption):
+    with pytest.raises(BadOption, match="two replicas are named 'a'"):
         check_replicas(_args("--url", "http://127.0.0.1:9", *twice))
+    with pytest.raises(BadOption, match="'c' is no --replica"):
+        check_replicas(
+            _args(
+                "--url", "http://127.0.0.1:9", "--replica", "a=http://127.0.0.1:1",
+                "--replica-kv-events", "c=tcp://127.0.0.1:5557",
+            )
+        )  # fmt: skip
+    with pytest.raises(BadOption, match="no ZMQ endpoint"):
+        check_replicas(
+            _args(
+                "--replica", "a=http://127.0.0.1:1", "--replica-kv-events", "a=http://x:1",
+            )
+        )  # fmt: skip
+    with pytest.raises(BadOption, match="needs --url"):
+        check_replicas(
+            _args("--replica", "http://127.0.0.1:1", "--router-metrics", "http://127.0.0.1:2")
+        )
+    with pytest.raises(BadOption, match="needs --replica"):
+        check_replicas(_args("--replica-kv-events", "a=off"))
     check_replicas(_args("--url", "http://127.0.0.1:9"))  # no replicas: nothing to check
 
 
-def test_generate_with_a_replica_but_no_url_is_one_line() -> None:
+def test_replicas_without_a_url_are_a_round_robin_from_the_first() -> None:
+    args = _args("--replica", "a=http://127.0.0.1:1", "--replica", "b=http://127.0.0.1:2")
+    check_replicas(args)
+    assert args.round_robin and args.url.root == "http://127.0.0.1:1"
+
+
+def test_generate_against_replicas_that_do_not_answer_is_one_line() -> None:
     import subprocess
 
     out = subprocess.run(
@@ -46,7 +71,7 @@ def test_generate_with_a_replica_but_no_url_is_one_line() -> None:
         timeout=120,
     )
     assert out.returncode != 0
-    assert "--replica" in one_line(out.stderr) and "needs --url" in out.stderr
+    assert "127.0.0.1:1" in one_line(out.stderr), out.stderr
 
 
 async def test_the_fleet_view_shows_every_replica_beside_the_routers_session() -> None:
@@ -80,10 +105,33 @@ async def test_the_fleet_view_shows_every_replica_beside_the_routers_session() -
             # One row each, with what each replica's own /metrics said.
             row_a = next(line for line in shown.splitlines() if line.strip().startswith("a "))
             assert " 3 " in row_a and " 5 " in row_a, row_a
-        # Each replica's own /metrics was read, never through the router.
+        # Each replica's own /metrics was read, never through the router: it forwards
+        # them to any worker, and counts them as requests.
         assert "/metrics" in a.paths() and "/metrics" in b.paths()
+        assert "/metrics" not in router.paths()
         fleet.shutdown()  # as the CLI does after the app: the scrapers, then the streams
         assert fleet._scrapers is None
         seen = len(a.paths())
         await asyncio.sleep(0.3)
         assert len(a.paths()) == seen, "a scraper outlived the fleet"
+
+
+async def test_round_robin_in_the_app_alternates_and_each_footer_says_where() -> None:
+    """`kvscope --replica a=... --replica b=...` (no --url): the playground's wiring."""
+    with FakeReplica("a") as a, FakeReplica("b") as b:
+        replicas = parse_replicas([f"a={a.url}", f"b={b.url}"])
+        inner = RoundRobinEngine([(r.name, RemoteEngine(r.where)) for r in replicas])
+        fleet = FleetEngine(inner, replicas, interval_s=0.05)
+        app = make_app(engine=fleet)
+        async with app.run_test(size=WIDE) as pilot:
+            await engine_ready(pilot)
+            for text in ("one", "two"):
+                await send_chat(pilot, text)
+                await reply_done(pilot)
+            footers = [r.footer_text for r in app.main_screen.query(ReplyBlock)]
+            assert footers[0].endswith("served by a (kvscope's round robin)"), footers
+            assert footers[1].endswith("served by b (kvscope's round robin)"), footers
+            view = app.main_screen.query_one(FleetView)
+            await wait_until(pilot, lambda: view.state is not None, timeout=20, what="rows")
+            assert view.state is not None and "round robin over a, b" in view.state.routing
+        fleet.shutdown()

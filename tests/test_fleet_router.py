@@ -8,19 +8,11 @@ kvscope[fleet]`).
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import os
-import signal
-import subprocess
-import sys
-import time
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 from fleet_fakes import MODEL, FakeReplica
-from remote_server import free_port
+from real_fleet import NO_ROUTER, Router, router_installed
 
 from engine.fleet.attribution import attribute, from_headers, from_router_metrics
 from engine.fleet.replicas import parse_replicas
@@ -28,60 +20,9 @@ from engine.fleet.replicas import parse_replicas
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-START_TIMEOUT_S = 20.0
+    import httpx
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm_router") is None,
-    reason="vllm-router is not installed (pip install 'kvscope[fleet]')",
-)
-
-
-class Router:
-    def __init__(self, workers: list[str], policy: str) -> None:
-        self.port, self.prometheus = free_port(), free_port()
-        argv = [
-            sys.executable, "-m", "vllm_router.launch_router",
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--worker-urls", *workers, "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prometheus),
-            "--worker-startup-timeout-secs", str(int(START_TIMEOUT_S)),
-            "--worker-startup-check-interval", "1", "--log-level", "warning",
-        ]  # fmt: skip
-        self.http = httpx.Client(timeout=10)
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ""
-                pytest.fail(f"vllm-router exited with {self.proc.returncode}: {err}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.1)
-        pytest.fail(f"vllm-router did not answer /health within {START_TIMEOUT_S:.0f} s")
-
-    def counters(self) -> str:
-        return self.http.get(f"http://127.0.0.1:{self.prometheus}/metrics").text
-
-    def stop(self) -> None:
-        self.http.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+pytestmark = pytest.mark.skipif(not router_installed(), reason=NO_ROUTER)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 from fleet_fakes import batch, stored
@@ -10,6 +11,7 @@ from textual.app import App, ComposeResult
 from engine.events import EngineRow
 from engine.fleet.fleet_state import FleetState, Imbalance, ReplicaRow
 from engine.fleet.prefix_index import FleetPrefixIndex, FleetPrefixView
+from engine.fleet.replica_kv_events import ReplicaKvStatus
 from engine.fleet.replicas import parse_replicas
 from themes import all_themes
 from tui.widgets import STYLESHEETS
@@ -98,9 +100,20 @@ def _lines(app: App[None]) -> list[str]:
     return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
+ROUTING = "routing: through the router at http://127.0.0.1:8080; its counter names each replica"
+
+
+def made_up_streams() -> tuple[ReplicaKvStatus, ...]:
+    return (
+        ReplicaKvStatus("a", True, 120, 0, 0, 0, ""),
+        ReplicaKvStatus("b", True, 40, 2, 1, 0, ""),
+        ReplicaKvStatus("c", False, 0, 0, 0, 0, "its /kv_event_sources did not answer"),
+    )
+
+
 async def _fill(pilot: Pilot[None]) -> None:
     view = pilot.app.query_one(FleetView)
-    view.state = made_up_fleet()
+    view.state = replace(made_up_fleet(), routing=ROUTING, kv_events=made_up_streams())
     view.prefixes = made_up_prefixes()
     view.router_misses = 1
     await pilot.pause()
@@ -126,6 +139,8 @@ async def test_each_replica_has_a_row_and_the_imbalance_has_a_line() -> None:
         assert "1 block on several replicas" in text
         assert "1 router-caused cache miss" in text
         assert "a: 3 blocks cached (chat-1)" in text
+        assert ROUTING in text
+        assert "a: 120 event batches; b: 40 event batches (2 missed, 1 bad); c: its" in text
 
 
 async def test_one_rank_is_no_extra_row_and_no_imbalance_is_no_line() -> None:

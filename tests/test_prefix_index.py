@@ -114,7 +114,7 @@ def test_kv_events_tell_which_replica_stored_the_sessions_blocks() -> None:
     fleet.apply("c", batch(stored([SYSTEM, 11, 12], "chat-1")))
     found = from_kv_events(before, fleet.mark(), "chat-1")
     assert (found.replica, found.source) == ("c", "kv events")
-    assert found.words() == "served by c (from the replicas' KV events for this session)"
+    assert found.words() == "served by c (KV events)"
 
 
 def test_kv_events_from_two_replicas_at_once_are_not_an_answer() -> None:

@@ -1,6 +1,8 @@
 """Which replica served a request, and how that is known.
 
-Three sources, tried in this order; the answer always names the one it used:
+Four sources, tried in this order; the answer always names the one it used:
+- kvscope's own round robin, when there is no router (`--replica` without `--url`):
+  kvscope chose the replica, so it knows;
 - a response header whose value is a replica's URL (a proxy's `X-Upstream`, say).
   vllm-router 0.1.17 sends none: it echoes `x-request-id` and nothing naming the worker;
 - the router's own Prometheus counter `vllm_router_processed_requests_total{worker=URL}`
@@ -27,12 +29,14 @@ if TYPE_CHECKING:
 
 ROUTER_PROCESSED = "vllm_router_processed_requests_total"
 
-Source = Literal["router header", "router metrics", "kv events", "none"]
+Source = Literal["round robin", "router header", "router metrics", "kv events", "none"]
 
+# Short: they end a reply's footer ("served by b (router counter)").
 _SOURCE_WORDS: dict[Source, str] = {
-    "router header": "the router's response header",
-    "router metrics": "the router's per-worker request counter",
-    "kv events": "the replicas' KV events for this session",
+    "round robin": "kvscope's round robin",
+    "router header": "router header",
+    "router metrics": "router counter",
+    "kv events": "KV events",
     "none": "",
 }
 
@@ -48,7 +52,14 @@ class Attribution:
     def words(self) -> str:
         if self.replica is None:
             return f"served by: not known ({self.note})" if self.note else "served by: not known"
-        return f"served by {self.replica} (from {_SOURCE_WORDS[self.source]})"
+        return f"served by {self.replica} ({_SOURCE_WORDS[self.source]})"
+
+
+def from_round_robin(replica: str | None) -> Attribution:
+    """The replica kvscope itself sent the request to."""
+    if replica is None:
+        return Attribution(None, "none", "kvscope's round robin has no record of it")
+    return Attribution(replica, "round robin", f"kvscope sent it to {replica}")
 
 
 def from_headers(headers: Mapping[str, str], replicas: ReplicaSet) -> Attribution:

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from engine.events import EngineRow, ScrapeSample
+    from engine.fleet.prefix_index import FleetPrefixView
+    from engine.fleet.replica_kv_events import ReplicaKvStatus
     from engine.fleet.replicas import Replica, ReplicaSet
 
     Fetch: TypeAlias = Callable[[Replica], str]
@@ -94,10 +96,15 @@ class Imbalance:
 
 @dataclass(frozen=True)
 class FleetState:
-    """The whole fleet at one moment."""
+    """The whole fleet at one moment: the scrapes, and (from FleetEngine) how requests are
+    routed, where the prefixes live and each replica's KV-event stream."""
 
     rows: tuple[ReplicaRow, ...]
     imbalance: Imbalance | None
+    routing: str = ""  # "routing: ..." in words; "" when not known
+    prefixes: FleetPrefixView | None = None  # None when no replica publishes KV events
+    router_misses: int = 0  # turns sent away from the replica holding their prefix
+    kv_events: tuple[ReplicaKvStatus, ...] = ()
 
     @property
     def up(self) -> int:
@@ -126,10 +133,17 @@ class FleetTracker:
     """
 
     def __init__(
-        self, replicas: ReplicaSet, *, clock: Callable[[], float] = time.perf_counter
+        self,
+        replicas: ReplicaSet,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        on_reachable: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.replicas = replicas
         self.clock = clock
+        # Told (name, answers) when a replica stops answering or answers again: its KV
+        # events are then forgotten, or replayed (engine/fleet/replica_kv_events.py).
+        self.on_reachable = on_reachable
         self._lock = threading.Lock()
         self._state = {r.name: _Replica(r) for r in replicas}
 
@@ -145,9 +159,13 @@ class FleetTracker:
         """A replica's scrape status changed (its thread)."""
         with self._lock:
             entry = self._state[name]
+            was = entry.status.reachable if entry.status is not None else None
             entry.status = status
             if not status.reachable:
                 entry.queue.clear()  # a replica that is gone has no queue to grow
+        changed = (was is not False) if not status.reachable else (was is False)
+        if changed and self.on_reachable is not None:
+            self.on_reachable(name, status.reachable)
 
     def state(self) -> FleetState:
         now = self.clock()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 
     from engine.events import PrefixCacheView
     from engine.fleet.replicas import ReplicaSet
+
+# The turns whose placement is kept (the fleet view counts misses past them).
+MAX_PLACEMENTS = 1024
 
 
 @dataclass(frozen=True)
@@ -124,11 +128,18 @@ class TurnPlacement:
     served_by: str | None
     prompt_tokens: int
     cached_before: tuple[SessionCache, ...]  # the session's blocks by replica, at send time
+    # The serving replica's own count of prompt tokens it found cached (the answer's
+    # `cached_tokens`), when it sent one: truer than the index's blocks of the session.
+    server_cached: int | None = None
 
     @property
     def cached_on_server(self) -> int:
-        """Tokens of this session cached on the replica that served it, at most the prompt."""
-        tokens = next((c.tokens for c in self.cached_before if c.replica == self.served_by), 0)
+        """Tokens of this prompt cached on the replica that served it, at most the prompt:
+        the replica's own count when it gave one, else this session's blocks there."""
+        if self.server_cached is not None:
+            tokens = self.server_cached
+        else:
+            tokens = next((c.tokens for c in self.cached_before if c.replica == self.served_by), 0)
         return min(tokens, self.prompt_tokens) if self.prompt_tokens else tokens
 
     @property
@@ -136,7 +147,9 @@ class TurnPlacement:
         if self.served_by is None:
             return "replica unknown"
         if not self.cached_before:
-            return "nothing cached"
+            # The index knows nothing of the session there, but the replica found some
+            # of the prompt cached (a system prompt another session stored): a hit.
+            return "hit" if self.server_cached else "nothing cached"
         if any(c.replica == self.served_by for c in self.cached_before):
             return "hit"
         return "miss"
@@ -197,7 +210,9 @@ class FleetPrefixIndex:
         self.names = replicas.names
         # engine/remote's own bound on each replica's index.
         self._indexes = {n: PrefixCacheIndex() for n in self.names}
-        self._placements: list[TurnPlacement] = []
+        # The latest turns only: a long session must not grow this without end.
+        self._placements: deque[TurnPlacement] = deque(maxlen=MAX_PLACEMENTS)
+        self.router_miss_count = 0  # over the whole session, past the deque's reach
         self._lock = threading.Lock()
         self._by_session: dict[str, dict[str, int]] = {n: {} for n in self.names}
         self._total: dict[str, int] = dict.fromkeys(self.names, 0)
@@ -238,9 +253,16 @@ class FleetPrefixIndex:
         batch = decode_batch(payload)
         self.apply(name, batch, batch.rank if batch.rank is not None else 0, now)
 
-    def forget(self, name: str, rank: int = 0) -> None:
-        """Replica `name` started again (or is gone): its cache is empty."""
-        self._indexes[name].clear_rank(rank)
+    def forget(self, name: str, rank: int | None = 0) -> None:
+        """Replica `name` started again (or is gone): its cache is empty (on every rank
+        when `rank` is None)."""
+        index = self._indexes[name]
+        if rank is not None:
+            index.clear_rank(rank)
+            return
+        ranks = {b.rank for b in index.view(replayed=0, missed=0, receiving=False, note="").blocks}
+        for r in ranks:
+            index.clear_rank(r)
 
     def view(self) -> FleetPrefixView:
         return _join(
@@ -260,11 +282,15 @@ class FleetPrefixIndex:
         served_by: str | None,
         prompt_tokens: int,
         cached_before: tuple[SessionCache, ...],
+        server_cached: int | None = None,
     ) -> TurnPlacement:
         """Record where a turn went; its words go in the reply footer."""
-        placement = TurnPlacement(session_id, served_by, prompt_tokens, cached_before)
+        placement = TurnPlacement(
+            session_id, served_by, prompt_tokens, cached_before, server_cached
+        )
         with self._lock:
             self._placements.append(placement)
+            self.router_miss_count += placement.router_miss
         return placement
 
     @property

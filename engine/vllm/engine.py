@@ -493,6 +493,7 @@ class VllmEngine:
             waiting_ids=tuple(
                 self._internal[i] for i in work.waiting_internal_ids if i in self._internal
             ),
+            block_cache=intro.block_cache(),
         )
         # Listeners first: a consumer that stops listening when its request finishes
         # must still see the step that finished it.
@@ -536,18 +537,18 @@ class VllmEngine:
         if not self._book.went_idle():
             return
         intro = self._introspector
-        self._listeners.emit(
-            idle_sample(
-                step=self._step,
-                at=time.perf_counter(),
-                running=intro.num_running(),
-                waiting=intro.num_waiting(),
-                kv_usage=intro.usage(),
-                free_blocks=intro.free_blocks(),
-                total_blocks=intro.total_blocks,
-                block_size=intro.block_size,
-            )
+        sample = idle_sample(
+            step=self._step,
+            at=time.perf_counter(),
+            running=intro.num_running(),
+            waiting=intro.num_waiting(),
+            kv_usage=intro.usage(),
+            free_blocks=intro.free_blocks(),
+            total_blocks=intro.total_blocks,
+            block_size=intro.block_size,
         )
+        # What the last request left in the prefix cache stays on the map as cached.
+        self._listeners.emit(replace(sample, block_cache=intro.block_cache()))
 
     def _vllm_timings(self, live: _Live) -> VllmTimings | None:
         stats = live.vllm_stats

@@ -16,12 +16,20 @@ drawing from one pool. See `GroupReader` for how a group's lists are read and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.events import KvCacheGroup, PrefillChunk, RequestBlocks, StepStarted
+from engine.block_cache import BlockCacheTracker
+from engine.events import (
+    BlockCacheState,
+    KvCacheGroup,
+    PrefillChunk,
+    RequestBlocks,
+    StepStarted,
+)
 from engine.memory_budget import MemoryBudget
 
 if TYPE_CHECKING:
@@ -76,6 +84,11 @@ class EngineIntrospector:
         self.output_processor = llm_engine.output_processor
         self._begin(self.kv_manager, group_readers(self.kv_manager))
         self._wrap_schedule()
+        self.cache_tracker: BlockCacheTracker | None = None
+        """The prefix cache's blocks (None with prefix caching off), see `_wrap_pool`."""
+        if bool(self.block_pool.enable_caching):
+            self.cache_tracker = BlockCacheTracker(self.total_blocks)
+            self._wrap_pool(self.block_pool, self.cache_tracker)
 
     def _begin(self, kv_manager: Any, groups: tuple[GroupReader, ...]) -> None:
         """The state the steps keep. `groups` empty: ask vLLM for each request's IDs."""
@@ -129,6 +142,70 @@ class EngineIntrospector:
 
         self.scheduler.schedule = scheduled
         self.scheduler.update_from_output = updated
+
+    @staticmethod
+    def _wrap_pool(pool: Any, tracker: BlockCacheTracker) -> None:
+        # The pool's free queue keeps a freed full block with its hash (cached, evictable)
+        # until a new block evicts it; a prefix hit takes it back with `touch`. No field
+        # says which free blocks still hold a prefix short of walking the whole queue, so
+        # each change is told to the tracker as the pool makes it: a cost per block that
+        # changes hands, not per block in the pool. IDs are vLLM's minus one (the null block).
+        free_blocks, get_new_blocks, touch = pool.free_blocks, pool.get_new_blocks, pool.touch
+        evict_blocks, reset, unpin = pool.evict_blocks, pool.reset_prefix_cache, pool.unpin_blocks
+
+        # The bookkeeping runs after vLLM's own call and never lets an error reach vLLM.
+        def released(blocks: list[Any]) -> None:
+            with contextlib.suppress(Exception):
+                free = [b for b in blocks if b.ref_cnt == 0 and not b.is_null and b.pool is pool]
+                tracker.freed(
+                    [b.block_id - 1 for b in free if b.block_hash is not None],
+                    [b.block_id - 1 for b in free if b.block_hash is None],
+                )
+
+        def freeing(ordered_blocks: Any) -> None:
+            blocks = list(ordered_blocks)  # often `reversed(...)`: it can be read once only
+            free_blocks(blocks)
+            released(blocks)
+
+        def unpinning(blocks: Any, on_reuse: Any) -> None:
+            blocks = list(blocks)
+            unpin(blocks, on_reuse)
+            released(blocks)
+
+        def taken(blocks: Any, reused: bool) -> None:
+            with contextlib.suppress(Exception):
+                tracker.taken([b.block_id - 1 for b in blocks if not b.is_null], reused=reused)
+
+        def getting(num_blocks: int) -> Any:
+            got = get_new_blocks(num_blocks)
+            taken(got, False)
+            return got
+
+        def touching(blocks: Any) -> None:
+            touch(blocks)
+            taken(blocks, True)
+
+        def evicting(block_ids: set[int]) -> None:
+            evict_blocks(block_ids)
+            with contextlib.suppress(Exception):
+                tracker.evicted(i - 1 for i in block_ids if pool.blocks[i].block_hash is None)
+
+        def resetting() -> bool:
+            ok = bool(reset())
+            if ok:
+                tracker.clear()
+            return ok
+
+        pool.free_blocks, pool.get_new_blocks, pool.touch = freeing, getting, touching
+        pool.evict_blocks, pool.reset_prefix_cache, pool.unpin_blocks = (
+            evicting,
+            resetting,
+            unpinning,
+        )
+
+    def block_cache(self) -> BlockCacheState | None:
+        """Which free blocks hold a cached prefix, and which held ones were prefix hits."""
+        return self.cache_tracker.state() if self.cache_tracker is not None else None
 
     def _summarize(self, out: Any, scheduled_at: float) -> ScheduledWork:
         before: dict[str, int] = {}
@@ -205,6 +282,7 @@ class EngineIntrospector:
             blocks=tuple(blocks),
             free_blocks=int(self.block_pool.get_num_free_blocks()),
             total_blocks=self.total_blocks,
+            block_cache=self.block_cache(),
         )
 
     def memory_budget(self) -> MemoryBudget | None:

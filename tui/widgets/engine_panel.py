@@ -109,6 +109,7 @@ def running_sample(started: StepStarted, latest: StepSample | None, block_size: 
         total_blocks=started.total_blocks,
         block_size=block_size,
         blocks=started.blocks,
+        block_cache=started.block_cache,
     )
 
 
@@ -400,6 +401,7 @@ class EnginePanel(Vertical):
             )
         fleet_view = self.query_one(FleetView)
         fleet_view.display = self.fleet is not None
+        self.query_one("#remote-box").set_class(self.fleet is not None, "-fleet")
         if self.fleet is not None and time.monotonic() - self._fleet_read >= HOST_CHECK_S:
             # The scrapers run on their own threads; their latest rows, once a second.
             self._fleet_read = time.monotonic()

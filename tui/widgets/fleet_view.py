@@ -2,9 +2,10 @@
 
 One row per replica from its own /metrics (engine/fleet/fleet_state.py), with a row under
 it per data-parallel rank when it has several; a replica that is down keeps its row and
-says why below the table. When a prefix view is given, a line says how many tokens sit
-cached on more than one replica, and how many turns the router sent away from their
-prefix.
+says why below the table. Above it, how requests are routed (the router, or kvscope's
+round robin); below it, each replica's KV-event stream, and from the prefix view how many
+tokens sit cached on more than one replica, how many turns the router sent away from their
+prefix, and each replica's sessions.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class FleetView(Widget):
                 style("fleet-view--label"),
             )
         ]
+        if state.routing:
+            parts.append(Text(state.routing, style("fleet-view--muted")))
         table = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
         for column in COLUMNS:
             left = column in ("replica", "health")
@@ -146,7 +149,16 @@ class FleetView(Widget):
         for row in state.rows:
             if row.note:
                 parts.append(Text(f"{row.name}: {row.note}", style("fleet-view--muted")))
-        prefixes = self.prefixes
+        events = [k for k in state.kv_events if k.receiving or k.note]
+        if events:
+            parts.append(
+                Text.assemble(
+                    ("KV events ", style("fleet-view--label")),
+                    ("; ".join(k.words() for k in events), style("fleet-view--muted")),
+                )
+            )
+        prefixes = self.prefixes or state.prefixes
+        misses = max(self.router_misses, state.router_misses)
         if prefixes is not None:
             shared = prefixes.shared()
             parts.append(
@@ -155,9 +167,7 @@ class FleetView(Widget):
                     f"{fmt.count(len(prefixes.sessions), 'session')} cached; "
                     f"{fmt.count(len(shared), 'block')} on several replicas "
                     f"({prefixes.duplicated_tokens:,} tokens held twice or more); "
-                    + fmt.count(
-                        self.router_misses, "router-caused cache miss", "router-caused cache misses"
-                    ),
+                    + fmt.count(misses, "router-caused cache miss", "router-caused cache misses"),
                 )
             )
             for name, view in prefixes.replicas:

@@ -1,4 +1,9 @@
-"""KvBlockMap: the KV pool's physical blocks, one character each, coloured by owner."""
+"""KvBlockMap: the KV pool's physical blocks, one character each, coloured by owner.
+
+A block is in one of four states, all read from the engine's samples: empty; cached (free,
+but still holding a prefix the engine may hand to a later prompt, until it is evicted);
+held by a request; or held and reused (the request got it from the prefix cache).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ if TYPE_CHECKING:
 
     from rich.style import Style
 
-    from engine.events import KvCacheGroup, RequestBlocks, StepSample
+    from engine.events import BlockCacheState, KvCacheGroup, RequestBlocks, StepSample
 
 REQUEST_COLOURS = 8
 LEGEND_REQUESTS = 8
@@ -28,6 +33,10 @@ LEGEND_REQUESTS = 8
 are hundreds, and colours repeat after eight anyway)."""
 FREE = "·"
 USED = "█"
+CACHED = "▪"
+"""A free block that still holds a cached prefix: evictable, not empty."""
+REUSED = "◘"
+"""A held block that its request got from the prefix cache instead of computing it."""
 # Shades for a cell that stands for several blocks, by the share of them in use.
 SHADES = ("░", "▒", "▓")
 
@@ -48,30 +57,58 @@ class Cell:
     blocks: int
     used: int
     owner: str | None
+    cached: int = 0  # free blocks of the cell still holding a cached prefix
+    reused: int = 0  # held blocks of the cell that came from the prefix cache
 
     @property
     def glyph(self) -> str:
         if self.used == 0:
-            return FREE
+            return CACHED if self.cached else FREE
         if self.used >= self.blocks:
-            return USED
+            return REUSED if self.reused * 2 > self.used else USED
         return SHADES[min(2, self.used * 3 // self.blocks)]
 
 
-def cell_at(owners: list[str | None], per: int, index: int) -> Cell:
-    """Cell `index` of a grid where each character stands for `per` blocks."""
+def cell_at(
+    owners: list[str | None],
+    per: int,
+    index: int,
+    cached: bytearray | None = None,
+    reused: bytearray | None = None,
+) -> Cell:
+    """Cell `index` of a grid where each character stands for `per` blocks; `cached` and
+    `reused` flag each block (1) as the engine's block cache state says."""
     first = index * per
     span = owners[first : first + per]
     held = [o for o in span if o is not None]
     owner = Counter(held).most_common(1)[0][0] if held else None
-    return Cell(first, len(span), len(held), owner)
+    n_cached = n_reused = 0
+    if cached is not None and reused is not None:
+        for i, o in enumerate(span, first):
+            if o is None:
+                n_cached += cached[i]
+            else:
+                n_reused += reused[i]
+    return Cell(first, len(span), len(held), owner, n_cached, n_reused)
 
 
-def cells_of(owners: list[str | None], per: int) -> list[Cell]:
-    """Every cell of the grid, from the blocks' owners."""
+def cells_of(
+    owners: list[str | None],
+    per: int,
+    cached: bytearray | None = None,
+    reused: bytearray | None = None,
+) -> list[Cell]:
+    """Every cell of the grid, from the blocks' owners (and their cache flags)."""
     if per == 1:
-        return [Cell(i, 1, o is not None, o) for i, o in enumerate(owners)]
-    return [cell_at(owners, per, index) for index in range(math.ceil(len(owners) / per))]
+        if cached is None or reused is None:
+            return [Cell(i, 1, o is not None, o) for i, o in enumerate(owners)]
+        return [
+            Cell(i, 1, 1, o, 0, reused[i]) if o is not None else Cell(i, 1, 0, o, cached[i], 0)
+            for i, o in enumerate(owners)
+        ]
+    return [
+        cell_at(owners, per, index, cached, reused) for index in range(math.ceil(len(owners) / per))
+    ]
 
 
 class KvBlockMap(Widget):
@@ -89,6 +126,7 @@ class KvBlockMap(Widget):
         width: 1fr;
     }
     KvBlockMap > .kv-block-map--free { color: $foreground 30%; }
+    KvBlockMap > .kv-block-map--cached { color: $foreground 70%; }
     KvBlockMap > .kv-block-map--legend { color: $foreground-muted; }
     KvBlockMap > .kv-block-map--req-0 { color: $primary; }
     KvBlockMap > .kv-block-map--req-1 { color: $accent; }
@@ -105,6 +143,7 @@ class KvBlockMap(Widget):
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "kv-block-map--free",
+        "kv-block-map--cached",
         "kv-block-map--legend",
         *(f"kv-block-map--req-{i}" for i in range(REQUEST_COLOURS)),
     }
@@ -126,6 +165,11 @@ class KvBlockMap(Widget):
         self._held: dict[str, tuple[int, ...]] = {}
         self._holders: list[int] = []  # how many requests list each block (shared prefixes)
         self._free = 0
+        # The engine's prefix-cache flags per block (1: cached if free, reused if held),
+        # from the last sample's BlockCacheState; None while the engine does not say.
+        self.block_cache: BlockCacheState | None = None
+        self._cached = bytearray()
+        self._reused = bytearray()
         self._cells: list[Cell] = []
         self._cells_key: tuple[int, int] | None = None  # (blocks per cell, pool) of _cells
         self._dirty_blocks: set[int] | None = None  # changed since _cells; None: all
@@ -146,6 +190,7 @@ class KvBlockMap(Widget):
         self.group_note = drawn_group_note(groups)
         self.requests = ()
         self._rebuild((), total_blocks)
+        self._apply_cache(None, total_blocks)
         self._version += 1
         self.refresh(layout=True)
 
@@ -161,6 +206,7 @@ class KvBlockMap(Widget):
         self.requests = requests
         if not self._update(requests, sample.total_blocks):
             self._rebuild(requests, sample.total_blocks)
+        self._apply_cache(sample.block_cache, sample.total_blocks)
         self._version += 1
         self._assign_colours(requests)
         # The legend grows and shrinks with the requests: only then is a re-layout needed.
@@ -242,6 +288,50 @@ class KvBlockMap(Widget):
             self._dirty_blocks |= dirty
         return True
 
+    def _apply_cache(self, state: BlockCacheState | None, total: int) -> None:
+        """Take in the engine's cache flags, page by page: an unchanged page (the same
+        tuple, or an equal one from a tape) costs one comparison."""
+        old = self.block_cache
+        self.block_cache = state
+        if state is None and old is None and len(self._cached) == total:
+            return
+        if (
+            state is None
+            or old is None
+            or len(self._cached) != total
+            or len(old.cached_pages) != len(state.cached_pages)
+            or len(old.reused_pages) != len(state.reused_pages)
+        ):
+            self._cached, self._reused = bytearray(total), bytearray(total)
+            if state is not None:
+                for flags, ids in (
+                    (self._cached, state.cached_ids()),
+                    (self._reused, state.reused_ids()),
+                ):
+                    for block in ids:
+                        if 0 <= block < total:
+                            flags[block] = 1
+            self._dirty_blocks = None
+            return
+        dirty: set[int] = set()
+        for flags, before, now in (
+            (self._cached, old.cached_pages, state.cached_pages),
+            (self._reused, old.reused_pages, state.reused_pages),
+        ):
+            for was, page in zip(before, now, strict=True):
+                if page is was or page == was:
+                    continue
+                for block in was:
+                    if 0 <= block < total:
+                        flags[block] = 0
+                        dirty.add(block)
+                for block in page:
+                    if 0 <= block < total:
+                        flags[block] = 1
+                        dirty.add(block)
+        if self._dirty_blocks is not None:
+            self._dirty_blocks |= dirty
+
     def _assign_colours(self, requests: tuple[RequestBlocks, ...]) -> None:
         # A request keeps its colour while it lives; colours of finished requests are
         # reused, lowest first, so two live requests never share one while any is free.
@@ -274,11 +364,12 @@ class KvBlockMap(Widget):
         width = width if width is not None else max(1, self.content_size.width)
         per = self.blocks_per_cell(width)
         key = (per, self.total_blocks)
+        flags = (self._cached, self._reused) if self.block_cache is not None else (None, None)
         if key != self._cells_key or self._dirty_blocks is None:
-            self._cells = cells_of(self._owners, per)
+            self._cells = cells_of(self._owners, per, *flags)
         else:
             for index in {block // per for block in self._dirty_blocks}:
-                self._cells[index] = cell_at(self._owners, per, index)
+                self._cells[index] = cell_at(self._owners, per, index, *flags)
         self._cells_key, self._dirty_blocks = key, set()
         return list(self._cells)
 
@@ -294,6 +385,15 @@ class KvBlockMap(Widget):
             blocks = sum(len(req.block_ids) for req in rest)
             more = f"+{len(rest):,} more requests, {blocks:,} blk"
             entries.append((more, "kv-block-map--legend"))
+        cache = self.block_cache
+        if cache is not None and cache.reused:
+            entries.append(
+                (f"{REUSED} reused {cache.reused:,} (from cache)", "kv-block-map--legend")
+            )
+        if cache is not None and cache.cached:
+            entries.append(
+                (f"{CACHED} cached {cache.cached:,} (evictable)", "kv-block-map--cached")
+            )
         entries.append(
             (f"{FREE} free {self.free_blocks}/{self.total_blocks}", "kv-block-map--free")
         )
@@ -334,28 +434,32 @@ class KvBlockMap(Widget):
     def _rows(self, width: int) -> list[list[tuple[str, Style]]]:
         """Each line of the map as (text, style) runs: the grid, then the legend."""
         free_style = self.get_component_rich_style("kv-block-map--free")
+        cached_style = self.get_component_rich_style("kv-block-map--cached")
         if not self.total_blocks:
             return [[(self.placeholder, free_style)]]
         styles = [
             self.get_component_rich_style(f"kv-block-map--req-{i}") for i in range(REQUEST_COLOURS)
         ]
-        colours = self._colours
         rows: list[list[tuple[str, Style]]] = []
         cells = self.cells(width)
         for row_start in range(0, len(cells), width):
             row: list[tuple[str, Style]] = []
             run: list[str] = []
-            run_owner: str | None = None
+            # A run is one style: one owner's colour, or (no owner) empty or cached.
+            run_key: tuple[str | None, bool] = (None, False)
             for cell in cells[row_start : row_start + width]:
-                if run and cell.owner != run_owner:
-                    style = free_style if run_owner is None else styles[colours.get(run_owner, 0)]
-                    row.append(("".join(run), style))
+                key = (cell.owner, cell.owner is None and cell.cached > 0)
+                if run and key != run_key:
+                    row.append(
+                        ("".join(run), self._run_style(run_key, styles, free_style, cached_style))
+                    )
                     run = []
-                run_owner = cell.owner
+                run_key = key
                 run.append(cell.glyph)
             if run:
-                style = free_style if run_owner is None else styles[colours.get(run_owner, 0)]
-                row.append(("".join(run), style))
+                row.append(
+                    ("".join(run), self._run_style(run_key, styles, free_style, cached_style))
+                )
             rows.append(row)
         legend = self.get_component_rich_style("kv-block-map--legend")
         for line in self._pack(self._legend_entries(self.blocks_per_cell(width)), width):
@@ -372,6 +476,14 @@ class KvBlockMap(Widget):
                     row.append((label, style))
             rows.append(row)
         return rows
+
+    def _run_style(
+        self, key: tuple[str | None, bool], styles: list[Style], free: Style, cached: Style
+    ) -> Style:
+        owner, is_cached = key
+        if owner is not None:
+            return styles[self._colours.get(owner, 0)]
+        return cached if is_cached else free
 
     def as_text(self, width: int | None = None) -> Text:
         """The map as rich Text (what is drawn, for tests and screenshots of one widget)."""

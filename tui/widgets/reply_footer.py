@@ -21,7 +21,8 @@ REASONS = {"stop": "done", "length": "hit max tokens", "abort": "stopped"}
 
 
 def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
-    """TTFT, median and p99 ITL, tokens/s, prompt and output tokens, and how it ended."""
+    """TTFT, median and p99 ITL, tokens/s, prompt and output tokens, how it ended, and in
+    a fleet where its prefix was and which replica served it."""
     itl = list(ev.itl_s)
     itl_part = (
         f"ITL p50 {fmt.ms(percentile(itl, 50))} · p99 {fmt.ms(percentile(itl, 99))}"
@@ -41,6 +42,11 @@ def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
         fields.append(f"cached {cached:,} of {prompt:,} prompt tokens (prefix cache)")
     if ev.preemptions:
         fields.append(f"preempted ×{ev.preemptions}")
+    if ev.fleet is not None:
+        # Where in the fleet it ran, and where its prefix was (engine/fleet's words).
+        if ev.fleet.prefix:
+            fields.append(ev.fleet.prefix)
+        fields.append(ev.fleet.served)
     return tuple(fields)
 
 
