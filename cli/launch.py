@@ -192,11 +192,22 @@ def running_engine(
     to refuse inputs that cannot work with them. Ctrl-C at any point, loading included,
     ends here with the engine thread joined.
     """
-    from engine.vllm.options import build_engine_settings, check_model_reference
+    from argparse import Namespace
+
+    from engine.vllm.options import (
+        build_engine_settings,
+        check_model_reference,
+        refuse_in_process_data_parallel,
+    )
 
     model = str_flag(engine_argv, "--model")
     if model is not None:
         check_model_reference(model)  # a folder that is not there, said before vLLM loads
+    # Data-parallel ranks cannot run in this process, whatever the other flags say: said
+    # before vLLM's import (seconds). Other spellings (-dp) are refused once it has parsed.
+    dp = int_flag(engine_argv, "--data-parallel-size")
+    if dp is not None:
+        refuse_in_process_data_parallel(Namespace(data_parallel_size=dp))
     quiet_native_warnings()
     route_logs()
     from engine.vllm.engine import VllmEngine

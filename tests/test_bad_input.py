@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -400,23 +401,29 @@ def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
 # -- start-up failures keep their numbers ------------------------------------------------------
 @pytest.mark.engine
 @pytest.mark.parametrize(
-    ("flags", "numbers"),
+    ("flags", "numbers", "fits"),
     [
         (
+            # 8,192 tokens x 23,040 bytes (SmolLM2 in bf16) = 188,743,680 bytes; 64 MiB
+            # holds about 2,900 tokens of KV, and vLLM rounds that to whole blocks.
             ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(64 * 1024**2)],
             ["KV pool too small", "8,192 tokens", "188,743,680 bytes", "67,108,864 bytes"],
+            (2000, 64 * 1024**2 // 23040),
         ),
         (
             ["--kv-cache-memory-bytes", "1"],
             ["KV pool too small", "8,192 tokens", "188,743,680 bytes", "only 1 byte"],
+            None,
         ),
         (
             ["--max-model-len", "10000000"],
             ["--max-model-len", "10,000,000", "8,192", "max_position_embeddings"],
+            None,
         ),
         pytest.param(
             ["--block-size", "17", *SMALL],
             ["--block-size", "17", "(CPU_ATTN: [MultipleOf(32)])"],
+            None,
             # The CPU backend's rule: on CUDA vLLM may pick another attention backend.
             marks=pytest.mark.skipif(nvidia_gpu_count() > 0, reason="the CPU backend's rule"),
         ),
@@ -424,10 +431,16 @@ def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
     ids=["pool too small", "pool of 1 byte", "max-model-len 10^7", "block size 17"],
 )
 def test_start_up_failures_say_why_with_numbers(
-    cache: Path, flags: list[str], numbers: list[str]
+    cache: Path, flags: list[str], numbers: list[str], fits: tuple[int, int] | None
 ) -> None:
     out = kvscope("generate", "--prompt-tokens", "8", "--max-tokens", "2", *flags, env=_env(cache))
-    one_line(exited(out, 1), *numbers)
+    line = one_line(exited(out, 1), *numbers)
+    if fits is not None:
+        # The length that would fit, estimated from vLLM's pool (one start-up covers what
+        # a test of the typed error in its own process checked: the same figures).
+        said = re.search(r"At most about ([\d,]+) tokens would fit", line)
+        assert said is not None, line
+        assert fits[0] < int(said[1].replace(",", "")) <= fits[1], line
     # The whole of vLLM's text, traceback and all, is in the engine log.
     log = (cache / "engine.log").read_text()
     assert "kvscope: the engine failed to start" in log
@@ -446,33 +459,56 @@ def test_a_prompt_that_is_not_utf8_is_decoded_and_said(cache: Path) -> None:
     # Latin-1 "café" and a stray byte: what a file from another system gives the shell.
     prompt = os.fsdecode(b"caf\xe9 au lait \xff please")
     out = kvscope(
-        "generate", "--prompt", prompt, "--max-tokens", "2", "--json", *SMALL, env=_env(cache)
-    )
+        "generate", "--prompt", prompt, "--max-tokens", "8", "--ignore-eos", "--json", *SMALL,
+        env=_env(cache),
+    )  # fmt: skip
     one_line(exited(out, 0), "--prompt is not valid UTF-8", "2 bytes replaced")
+    # The same run's JSON, whole: one engine start checks both (a synthetic prompt's exact
+    # length is checked by the read-only cache's run above).
     data = json.loads(out.stdout)
-    assert data["output_tokens"] == 2
+    for key in ("ttft_s", "itl_s", "output_tokens", "prompt_tokens", "model", "steps", "text"):
+        assert key in data
     assert data["prompt_tokens"] > 5
+    assert data["output_tokens"] == 8
+    assert len(data["itl_s"]) == 7
+    assert data["model"]["kv_bytes_per_token"] == 23040
+    assert data["model"]["max_model_len"] == 1024
+    assert sum(s["decode_tokens"] for s in data["steps"]) == 7
+    assert data["steps"][0]["prefill_tokens"] == data["prompt_tokens"]
+    assert len(data["steps"]) == 8
 
 
 @pytest.mark.engine
 def test_bench_with_a_huge_length_measures_the_rest_and_keeps_every_point(
     cache: Path, tmp_path: Path
 ) -> None:
+    # A length past the wall, and one past it by a billion, between two that fit: one
+    # engine start shows that each failed alone and that the lengths after still ran.
+    lens = [64, 3000, 128, 10**9]
     json_path, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
     out = kvscope(
-        "bench", "--prompt-lens", f"64,{10**9}", "--output-len", "2", "--runs", "1",
+        "bench", "--prompt-lens", ",".join(map(str, lens)), "--output-len", "4", "--runs", "1",
         "--warmup", "0", "--no-roofline", "--json", str(json_path), "--csv", str(csv_path),
         *SMALL, env=_env(cache),
     )  # fmt: skip
-    one_line(exited(out, 3), "1 of 2 lengths failed", "1,000,000,000 tokens", "1,024")
+    one_line(
+        exited(out, 3),
+        "2 of 4 lengths failed: 3000: Prompt too long: 3,000 tokens",
+        "1,000,000,000 tokens",
+        "1,024",
+    )
     assert "kvscope bench" in out.stdout  # the table
+    assert "TTFT" in out.stdout
+    assert "median ITL" in out.stdout
     data = json.loads(json_path.read_text())
     assert data["complete"] is True
-    assert [(p["prompt_len"], p["ok"]) for p in data["points"]] == [(64, True), (10**9, False)]
-    assert [r["prompt_len"] for r in SweepResult.rows_from_csv(csv_path.read_text())] == [
-        64,
-        10**9,
+    assert [(p["prompt_len"], p["ok"]) for p in data["points"]] == [
+        (64, True),
+        (3000, False),
+        (128, True),
+        (10**9, False),
     ]
+    assert [r["prompt_len"] for r in SweepResult.rows_from_csv(csv_path.read_text())] == lens
 
 
 # -- Ctrl-C and SIGTERM ------------------------------------------------------------------------

@@ -3,6 +3,7 @@ before vLLM starts, and parallel layouts that cannot run in-process refused in w
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,14 +77,19 @@ def test_in_process_data_parallel_is_refused_with_the_way_to_run_it() -> None:
     assert "kvscope --url" in words
 
 
-@pytest.mark.engine
-def test_generate_with_data_parallel_exits_at_once_with_the_advice() -> None:
+def test_generate_with_data_parallel_exits_at_once_with_the_advice(tmp_path: Path) -> None:
+    # Importing vLLM fails loudly here: the refusal must come before that import (seconds).
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(
+        'raise ImportError("kvscope imported vLLM before refusing the input")\n'
+    )
     began = time.monotonic()
     out = subprocess.run(
         [KVSCOPE, "generate", "--max-tokens", "2", "--data-parallel-size", "2"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     took = time.monotonic() - began
     assert out.returncode == 1, out.stderr[-2000:]

@@ -10,29 +10,47 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from engine_hooks import PoolHeld
-from subprocess_report import run_and_report
+from engine_hooks import PoolHeld, on_step_thread
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from engine.protocol import Engine
     from engine.vllm.engine import VllmEngine
 
 ITL_TOLERANCE_S = 0.5e-3
-# A second, short-lived engine whose step budget chunks a 1,024-token prompt into four.
-SMALL_BUDGET_ARGV = (
-    "--max-model-len",
-    "4096",
-    "--kv-cache-memory-bytes",
-    str(128 * 1024**2),
-    "--max-num-batched-tokens",
-    "256",
-    "--enable-chunked-prefill",
-)
+
+
+@contextmanager
+def step_budget(engine: VllmEngine, tokens: int) -> Iterator[None]:
+    """The session engine's per-step token budget set to `tokens` (chunked prefill is on,
+    vLLM's default here), and given back on exit: a second engine for a smaller budget
+    would cost its own process and start-up (tens of seconds)."""
+    # Asked here, not on the step thread: a failed assert there would end the engine.
+    assert engine.introspection.vllm_config.scheduler_config.enable_chunked_prefill
+    saved: list[int] = []
+
+    def set_to(value: int) -> Any:
+        def switch(llm_engine: Any) -> None:
+            scheduler = llm_engine.engine_core.engine_core.scheduler
+            saved.append(scheduler.max_num_scheduled_tokens)
+            scheduler.max_num_scheduled_tokens = value
+            # What kvscope reads to number a prompt's chunks (engine/vllm/internals.py).
+            scheduler.scheduler_config.max_num_batched_tokens = value
+
+        return switch
+
+    on_step_thread(engine, set_to(tokens))
+    try:
+        yield
+    finally:
+        on_step_thread(engine, set_to(saved[0]))
 
 
 async def _run(engine: Engine, rid: str, n: int, max_tokens: int, seed: int) -> RequestFinished:
@@ -111,33 +129,17 @@ async def test_the_last_request_ending_leaves_an_idle_sample(vllm_engine: Engine
     assert not last.blocks
 
 
-@pytest.mark.engine
-def test_ttft_anatomy_adds_up_and_counts_prefill_chunks() -> None:
+async def test_ttft_anatomy_adds_up_and_counts_prefill_chunks(vllm_engine: VllmEngine) -> None:
     """With a 256-token step budget a 1,024-token prompt takes 4 prefill chunks; the parts
-    of its TTFT add up to the TTFT measured from the caller's clock. (Its own engine, in
-    its own process: two vLLM engines cannot share one process's distributed state.)"""
-    script = f"""
-import asyncio, json
-from engine.events import GenerationRequest, SamplingSettings
-from engine.vllm.engine import VllmEngine
-engine = VllmEngine(argv={list(SMALL_BUDGET_ARGV)!r})
-engine.start()
-async def main():
-    ids = engine.synthetic_prompt(1024, seed=340)
-    request = GenerationRequest("anatomy", prompt_token_ids=ids,
-                                sampling=SamplingSettings(max_tokens=2, ignore_eos=True))
-    async for event in engine.stream(request):
-        last = event
-    a = last.anatomy
-    return dict(ttft=last.ttft_s, queue=a.queue_s, prefill=a.prefill_s, chunks=a.chunks,
-                others=a.others_s, preempted=a.preempted_s, total=a.total_s)
-print("ANATOMY" + json.dumps(asyncio.run(main())))
-engine.shutdown()
-"""
-    parts = run_and_report(script, "ANATOMY")
-    assert parts["chunks"] == 4, parts
-    assert parts["total"] == pytest.approx(parts["ttft"], abs=1e-6)
-    assert parts["prefill"] > parts["queue"]
+    of its TTFT add up to the TTFT measured from the caller's clock."""
+    with step_budget(vllm_engine, 256):
+        done = await _run(vllm_engine, "anatomy", 1024, 2, seed=340)
+    parts = done.anatomy
+    assert parts is not None
+    assert done.ttft_s is not None
+    assert parts.chunks == 4, parts
+    assert parts.total_s == pytest.approx(done.ttft_s, abs=1e-6)
+    assert parts.prefill_s > parts.queue_s
 
 
 async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine) -> None:
@@ -182,14 +184,15 @@ async def test_preemption_is_seen_and_its_recompute_counts_as_prefill(
     assert card is not None
     samples: list[StepSample] = []
     remove = vllm_engine.add_step_listener(samples.append)
-    # Four free blocks; three copies of 3/4 of a block that each end at 1.5 blocks: 6 blocks
-    # wanted of 4, so one is evicted once they outgrow their first block.
+    # Four free blocks; three copies of 3/4 of a block that each end at 1.25 blocks: 6
+    # blocks wanted of 4, so one is evicted once they outgrow their first block (output
+    # past that only adds decode steps).
     quarter = card.block_size // 4
     try:
         with PoolHeld(vllm_engine, keep_free=4):
             results = await asyncio.gather(
                 *(
-                    _run(vllm_engine, f"pre-{i}", 3 * quarter, 3 * quarter, seed=360 + i)
+                    _run(vllm_engine, f"pre-{i}", 3 * quarter, 2 * quarter, seed=360 + i)
                     for i in range(3)
                 )
             )

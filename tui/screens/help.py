@@ -51,7 +51,9 @@ and the knee marked where more users stopped paying.
 **Engine** (right). Live, from the latest engine step, the same one for every part:
 running and waiting requests, prefill and decode tokens of the step (and a warning when the
 host is too busy for its timings to mean much), the *KV block map* (one character per
-physical block, coloured by the request that holds it; dim dots are free), KV usage over
+physical block, coloured by the request that holds it: █ held, ◘ held and found in the
+prefix cache, ▪ freed but still cached (evictable, reused if a prompt starts the same), dim
+dots empty), KV usage over
 the last 60 s with preemptions marked, ITL per token of the current reply with p50/p90/p99,
 and *latency vs prompt tokens* for every reply of the session: TTFT (•) grows with the
 prompt, median ITL (×) stays flat. A copy that queued behind others is drawn as ◇, with its
