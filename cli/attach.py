@@ -128,9 +128,13 @@ def make_remote(args: argparse.Namespace, engine_argv: list[str]) -> RemoteEngin
     from engine.remote import RemoteEngine
 
     if engine_argv:
+        first = engine_argv[0]
+        if not first.startswith("-"):
+            # A word, not a flag: most likely a message typed where --prompt was meant.
+            raise BadOption(first, "not an option of kvscope; a message goes in --prompt '...'")
         raise BadOption(
             " ".join(engine_argv[:3]),
-            "vLLM engine flags belong to the server when attaching with --url; "
+            "vLLM engine flags belong to the server when attaching to one; "
             "start `vllm serve` with them instead",
         )
     kv_events = None if args.kv_events == "off" else args.kv_events
