@@ -54,9 +54,11 @@ class EngineKind:
 
 def _fake(_args: argparse.Namespace, _engine_argv: list[str]) -> Engine:
     from engine.clock import RealClock
-    from engine.fake import FakeEngine
+    from engine.fake import FakeConfig, FakeEngine
 
-    return FakeEngine(clock=RealClock())
+    # Prefix caching on, as vLLM has it by default: a second chat turn lands on the blocks
+    # the first one left, and the block map shows them cached and reused.
+    return FakeEngine(FakeConfig(prefix_caching=True), clock=RealClock())
 
 
 def _in_process(args: argparse.Namespace, engine_argv: list[str]) -> Engine:

@@ -249,7 +249,11 @@ class FakeEngine:
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
         ids: list[int] = []
         for m in messages:
-            ids += [1] * PER_MESSAGE_OVERHEAD
+            # An assistant turn starts with the generation prompt its request ended with,
+            # as real chat templates do: the next turn's prompt then starts with the whole
+            # previous one, and prefix caching finds it.
+            head = [2] * GENERATION_PROMPT if m.role == "assistant" else []
+            ids += head + [1] * (PER_MESSAGE_OVERHEAD - len(head))
             ids += [self._word_id(w) for w in m.content.split()]
         return tuple(ids + [2] * GENERATION_PROMPT)
 
