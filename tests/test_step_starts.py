@@ -68,6 +68,7 @@ def _introspector(budget: int, requests: dict[str, SimpleNamespace]) -> EngineIn
     intro.scheduler = SimpleNamespace(requests=requests)
     intro.kv_manager = SimpleNamespace(get_block_ids=lambda rid: ([1, 2, 3],))
     intro.block_pool = SimpleNamespace(num_gpu_blocks=11, get_num_free_blocks=lambda: 7)
+    intro.cache_tracker = None  # prefix caching's block states: not what this reads
     intro._begin(intro.kv_manager, ())
     return intro
 
