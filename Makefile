@@ -13,8 +13,12 @@ lint: setup
 	.venv/bin/mypy
 	.venv/bin/lint-imports
 
+# Two workers: the engine tests in one (they share one engine, one server, one fleet),
+# everything else in the other. PYTEST_WORKERS=0 runs it all in this process.
+PYTEST_WORKERS ?= 2
+
 test: lint
-	.venv/bin/pytest -q $(PYTEST_ARGS)
+	.venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Everything but the tests that start vLLM: the UI, the fake engine, the roofline.
 test-fast: lint

@@ -48,4 +48,6 @@ def request_record(done: RequestFinished) -> dict[str, Any]:
             )
     if done.server is not None:
         out["server"] = dataclasses.asdict(done.server)
+    if done.fleet is not None:
+        out["fleet"] = dataclasses.asdict(done.fleet)
     return out

@@ -250,6 +250,9 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
         f"{result['prompt_tokens']} prompt + {result['output_tokens']} output tokens",
         file=sys.stderr,
     )
+    fleet = result.get("fleet")
+    if fleet:  # the reply footer's words, where a fleet says which replica served it
+        print("; ".join(w for w in (fleet["served"], fleet["prefix"]) if w), file=sys.stderr)
 
 
 def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:

@@ -32,6 +32,7 @@ def _vllm_loaded() -> bool:
     return sys.modules.get("vllm") is not None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every test that uses the session's engine or server, or imports vLLM, pays for vLLM;
     # `make test-fast` skips them.
@@ -41,12 +42,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if {"vllm_engine", "vllm_server", "real_fleet"} & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
-            continue
-        if item.path not in scans:
-            scans[item.path] = scan_source(item.path.read_text())
-        name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
-        if scans[item.path].marks(name):
-            item.add_marker(pytest.mark.engine)
+        else:
+            if item.path not in scans:
+                scans[item.path] = scan_source(item.path.read_text())
+            name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
+            if scans[item.path].marks(name):
+                item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("engine") is not None:
+            # Under `make test` (pytest-xdist, --dist loadgroup) every engine test runs in
+            # one worker: the session's engine, server and fleet start once, and the vLLM
+            # model worker keeps its one core while the other worker runs the UI tests.
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,8 @@ import pytest
 from rich.console import Console
 from test_fleet_view import Host
 
+from bench.records import request_record
+from cli.generate import print_result
 from engine.events import (
     ChatMessage,
     GenerationRequest,
@@ -104,7 +106,7 @@ async def test_fleet_view_rows_come_from_each_replicas_own_scrapes(fleet: FleetE
 
 
 async def test_a_chats_second_turn_is_found_cached_on_the_replica_that_served_the_first(
-    fleet: FleetEngine,
+    fleet: FleetEngine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     session = fleet.inner.new_session("fleet-real-chat")
     user1 = ChatMessage("user", FIRST)
@@ -132,6 +134,15 @@ async def test_a_chats_second_turn_is_found_cached_on_the_replica_that_served_th
     else:  # round robin moved the chat: the prefix stayed behind
         assert second.fleet.prefix == f"cache miss: prefix on {served1}, sent to {served2}"
         assert fleet.fleet_state().router_misses >= 1
+    # `kvscope generate` writes the footer's words into its JSON and under its timings.
+    record = request_record(second)
+    assert record["fleet"]["replica"] == served2
+    capsys.readouterr()
+    print_result(record, as_json=False)
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"served by {served2} (router counter); {second.fleet.prefix}"
+    )
 
 
 def test_a_killed_replica_shows_down_and_the_other_carries_on(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -149,37 +150,82 @@ async def test_synthetic_prompt_is_exact_and_ttft_grows(remote: RemoteEngine) ->
     assert server_ttft[400] > 1.5 * server_ttft[64]
 
 
+class _Records(logging.Handler):
+    """kvscope's log lines, kept: a scraper that fails logs why, into a file nobody sees."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.created:.3f} {self.format(record)}")
+
+
+def scrape_timeline(
+    scrapes: list[ScrapeSample], submitted: float, fin: RequestFinished, remote: RemoteEngine
+) -> str:
+    """Every scrape against the request's own clock: what a failure in CI must show."""
+    ttft = fin.ttft_s or 0.0
+    lines = [
+        f"request: first token at {ttft:.2f} s, finished at {fin.e2e_s:.2f} s, "
+        f"{fin.output_tokens} tokens ({fin.reason}); bad samples {remote.bad_samples}; "
+        f"metrics note: {remote.capabilities.metrics_note!r}"
+    ]
+    lines += [
+        f"{s.time_s - submitted:7.2f} s  seq {s.seq}  kv {s.kv_usage:.3f}  running {s.running}"
+        f"  prompt +{s.prompt_tokens}  generated +{s.generation_tokens}"
+        for s in scrapes
+    ]
+    return "\n".join(lines)
+
+
+PROMPT, REPLY = 400, 96  # the request whose blocks the scrapes must see
+
+
 async def test_scraped_kv_usage_rises_then_falls(remote: RemoteEngine) -> None:
     scrapes: list[ScrapeSample] = []
     steps: list[StepSample] = []
+    records = _Records()
+    kvscope_log = logging.getLogger("kvscope")
+    kvscope_log.addHandler(records)
     remove = remote.add_scrape_listener(scrapes.append)
     remove_steps = remote.add_step_listener(steps.append)
     try:
         assert wait_for(lambda: bool(scrapes) and scrapes[-1].kv_usage == 0.0)
         start = len(scrapes)
-        ids = remote.synthetic_prompt(900, seed=7)
+        # A short prompt and a long reply: the blocks are held for the whole decode, and a
+        # decode of 96 steps spans many scrapes on any CPU (one of 48 once saw none in CI).
+        ids = remote.synthetic_prompt(PROMPT, seed=7)
         request = GenerationRequest(
-            "kv-rise", prompt_token_ids=ids, sampling=SamplingSettings(48, ignore_eos=True)
+            "kv-rise", prompt_token_ids=ids, sampling=SamplingSettings(REPLY, ignore_eos=True)
         )
-        fin = finished(await collect(remote.stream(request)))
-        peak = max(s.kv_usage for s in scrapes[start:])
-        assert wait_for(lambda: scrapes[-1].kv_usage == 0.0 and scrapes[-1].running == 0, 5)
+        events = await collect(remote.stream(request))
+        accepted, fin = events[0], finished(events)
+        assert isinstance(accepted, RequestAccepted)
+        fell = wait_for(lambda: scrapes[-1].kv_usage == 0.0 and scrapes[-1].running == 0, 5)
     finally:
         remove()
         remove_steps()
+        kvscope_log.removeHandler(records)
     during = scrapes[start:]
-    blocks_needed = -(-(900 + 47) // BLOCK_SIZE)
+    timeline = scrape_timeline(during, accepted.submitted_at, fin, remote)
+    log_lines = "\n".join(records.lines) or "(kvscope logged nothing)"
+    why = f"{timeline}\nkvscope's log:\n{log_lines}"
+    assert fell, why
+    assert fin.output_tokens == REPLY
+    blocks_needed = -(-(PROMPT + REPLY - 1) // BLOCK_SIZE)
+    peak = max(s.kv_usage for s in during)
     print(f"\nKV usage peak {peak:.3f} over {len(during)} scrapes; TTFT {fin.ttft_s:.3f} s")
-    assert peak >= 0.9 * blocks_needed / during[0].total_blocks
-    assert max(s.used_blocks for s in during) >= blocks_needed - 2
-    assert max(s.running for s in during) == 1
+    assert peak >= 0.9 * blocks_needed / during[0].total_blocks, why
+    assert max(s.used_blocks for s in during) >= blocks_needed - 2, why
+    assert max(s.running for s in during) == 1, why
     assert during[-1].kv_usage == 0.0
     # Counter growth between scrapes adds up to this request's tokens (nothing else ran).
-    assert sum(s.prompt_tokens for s in during) == 900
-    assert sum(s.generation_tokens for s in during) == 48
+    assert sum(s.prompt_tokens for s in during) == PROMPT, why
+    assert sum(s.generation_tokens for s in during) == REPLY, why
     assert any(s.generation_tokens_per_s > 0 for s in during)
     assert during[-1].ttft.count >= 1
-    assert during[-1].itl.count >= 47
+    assert during[-1].itl.count >= REPLY - 1
     row = during[-1].rows[0]
     assert row.engine == "0"
     assert row.total_blocks == during[-1].total_blocks
