@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-
-import pytest
+from typing import TYPE_CHECKING
 
 from bench.records import request_record
 from cli.generate import print_result
 from engine.events import ReplicaServed, RequestFinished
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def finished(fleet: ReplicaServed | None) -> RequestFinished:
