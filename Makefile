@@ -13,8 +13,8 @@ lint: setup
 	.venv/bin/mypy
 	.venv/bin/lint-imports
 
-# Two workers: the tests of the session's engine, server and fleet in one (each starts
-# once), everything else beside them. PYTEST_WORKERS=0 runs it all in this process.
+# Two workers: the engine tests in one (they share one engine, one server, one fleet),
+# everything else in the other. PYTEST_WORKERS=0 runs it all in this process.
 PYTEST_WORKERS ?= 2
 
 test: lint

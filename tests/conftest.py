@@ -27,9 +27,6 @@ ENGINE_ARGV = [
 ]  # fmt: skip
 
 
-SESSION_ENGINES = {"vllm_engine", "vllm_server", "real_fleet"}  # started once per session
-
-
 def _vllm_loaded() -> bool:
     # A test may block the import with `sys.modules["vllm"] = None`: that is not vLLM.
     return sys.modules.get("vllm") is not None
@@ -43,18 +40,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
-        if SESSION_ENGINES & set(item.fixturenames):
+        if {"vllm_engine", "vllm_server", "real_fleet"} & set(item.fixturenames):
             item.add_marker(pytest.mark.engine)
-            # Under `make test` (pytest-xdist, --dist loadgroup) the tests of the session's
-            # engine, server and fleet share one worker, so each starts once; the other
-            # worker runs the rest, engines in subprocesses included.
-            item.add_marker(pytest.mark.xdist_group("session-engines"))
-            continue
-        if item.path not in scans:
-            scans[item.path] = scan_source(item.path.read_text())
-        name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
-        if scans[item.path].marks(name):
-            item.add_marker(pytest.mark.engine)
+        else:
+            if item.path not in scans:
+                scans[item.path] = scan_source(item.path.read_text())
+            name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
+            if scans[item.path].marks(name):
+                item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("engine") is not None:
+            # Under `make test` (pytest-xdist, --dist loadgroup) every engine test runs in
+            # one worker: the session's engine, server and fleet start once, and the vLLM
+            # model worker keeps its one core while the other worker runs the UI tests.
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 @pytest.fixture(autouse=True)
