@@ -24,6 +24,7 @@ from engine.errors import BadOption, PromptTooLong
 from engine.events import (
     ChatMessage,
     GenerationRequest,
+    ReplicaServed,
     RequestFinished,
     SamplingSettings,
     StepSample,
@@ -252,7 +253,7 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
     )
     fleet = result.get("fleet")
     if fleet:  # the reply footer's words, where a fleet says which replica served it
-        print("; ".join(w for w in (fleet["served"], fleet["prefix"]) if w), file=sys.stderr)
+        print("; ".join(ReplicaServed(**fleet).words()), file=sys.stderr)
 
 
 def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:

@@ -83,6 +83,10 @@ class ReplicaServed:
     served: str  # "served by b (router counter)", or why it is not known
     prefix: str = ""  # "prefix: 412 of 430 tokens cached on replica b"; "" if not known
 
+    def words(self) -> tuple[str, ...]:
+        """What a reply's footer and `kvscope generate` say: the prefix, then the replica."""
+        return (self.prefix, self.served) if self.prefix else (self.served,)
+
 
 @dataclass(frozen=True, slots=True)
 class RequestFinished:

@@ -141,7 +141,7 @@ async def test_a_chats_second_turn_is_found_cached_on_the_replica_that_served_th
     print_result(record, as_json=False)
     assert (
         capsys.readouterr().err.splitlines()[-1]
-        == f"served by {served2} (router counter); {second.fleet.prefix}"
+        == f"{second.fleet.prefix}; served by {served2} (router counter)"
     )
 
 

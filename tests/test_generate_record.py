@@ -34,7 +34,7 @@ def test_a_fleet_request_names_its_replica_in_the_json_and_under_the_timings(
     print_result(record, as_json=False)
     err = capsys.readouterr().err.splitlines()
     assert err[-2] == "TTFT 250.0 ms, median ITL 30.0 ms, 12 prompt + 3 output tokens"
-    assert err[-1] == "served by b (router counter); cache miss: prefix on a, sent to b"
+    assert err[-1] == "cache miss: prefix on a, sent to b; served by b (router counter)"
 
 
 def test_one_server_adds_no_fleet_line(capsys: pytest.CaptureFixture[str]) -> None:

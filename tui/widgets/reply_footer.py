@@ -44,9 +44,7 @@ def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
         fields.append(f"preempted ×{ev.preemptions}")
     if ev.fleet is not None:
         # Where in the fleet it ran, and where its prefix was (engine/fleet's words).
-        if ev.fleet.prefix:
-            fields.append(ev.fleet.prefix)
-        fields.append(ev.fleet.served)
+        fields.extend(ev.fleet.words())
     return tuple(fields)
 
 
