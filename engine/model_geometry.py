@@ -3,7 +3,8 @@
 The roofline (from a `config.json` dict), the in-process engine's model card and its
 start-up errors (from the config objects transformers and vLLM load) all read the layer
 count, the KV heads and the head size here, with the same defaults, so a model's KV bytes
-per token are the same number wherever kvscope shows them. No vLLM, no transformers:
+per token are the same number wherever kvscope shows them. Its parameter count lives here
+too: the memory bar checks vLLM's weights figure against it. No vLLM, no transformers:
 the config objects are read as mappings (`config_fields`).
 """
 
@@ -118,3 +119,64 @@ def read_attention_geometry(cfg: Mapping[str, Any]) -> AttentionGeometry:
         hidden_size=hidden,
         max_position_embeddings=int(positions) if positions else None,
     )
+
+
+# Model types whose attention has biases on q, k and v but not on o (Qwen2's layout).
+_QKV_BIAS_MODEL_TYPES = frozenset({"qwen2"})
+# Model types with a per-head RMSNorm on q and k (weights of head_dim each).
+_QK_NORM_MODEL_TYPES = frozenset({"qwen3"})
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def count_parameters(cfg: Mapping[str, Any]) -> int:
+    """Parameters of a Llama/Qwen2-style decoder, counted from its config (no weights read).
+
+    With h = hidden_size, i = intermediate_size, V = vocab_size, n_q = attention heads,
+    n_kv = KV heads, d = head_dim, N = layers:
+
+        embeddings      V * h
+        per layer       q_proj h * n_q*d, k_proj and v_proj h * n_kv*d each, o_proj n_q*d * h
+                        + q/k/v biases n_q*d + 2*n_kv*d   (Qwen2, or attention_bias)
+                        + o bias h                        (attention_bias only, not Qwen2)
+                        + q/k RMSNorm 2*d                 (Qwen3)
+                        + gated MLP 3 * h * i             (gate, up, down projections)
+                        + MLP biases 2*i + h              (mlp_bias only)
+                        + 2 RMSNorms 2 * h
+        final norm      h
+        lm_head         V * h, unless tie_word_embeddings reuses the embedding matrix
+
+    Rotary embeddings have no parameters. SmolLM2-135M counts 134,515,008, the number of
+    values in its safetensors file. Raises BadOption for mixture-of-experts configs (one
+    `intermediate_size` does not describe their experts) and for a missing size.
+    """
+    cfg = text_config(cfg)
+    if any(cfg.get(k) for k in _MOE_KEYS):
+        raise BadOption(
+            "model config",
+            "mixture-of-experts models are not supported by the parameter count",
+        )
+    h = config_int(cfg, "hidden_size")
+    i = config_int(cfg, "intermediate_size")
+    vocab = config_int(cfg, "vocab_size")
+    attention = read_attention_geometry(cfg)
+    layers, n_q = attention.num_layers, attention.num_attention_heads
+    n_kv, d = attention.num_kv_heads, attention.head_dim
+    model_type = str(cfg.get("model_type", "")).lower()
+    tied = bool(cfg.get("tie_word_embeddings", False))
+
+    attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
+    if model_type in _QKV_BIAS_MODEL_TYPES:
+        attn += n_q * d + 2 * n_kv * d
+    elif cfg.get("attention_bias"):
+        attn += n_q * d + 2 * n_kv * d + h
+    if model_type in _QK_NORM_MODEL_TYPES:
+        attn += 2 * d
+    mlp = 3 * h * i
+    if cfg.get("mlp_bias"):
+        mlp += 2 * i + h
+    per_layer = attn + mlp + 2 * h
+
+    embeddings = vocab * h
+    # A tied lm_head is the embedding matrix itself: counted once.
+    lm_head = 0 if tied else vocab * h
+    return embeddings + layers * per_layer + h + lm_head

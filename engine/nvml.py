@@ -8,6 +8,8 @@ CUDA then. `torch.cuda.is_available()` runs `cuInit`; NVML reads the driver with
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,40 +95,218 @@ def gpu_processes() -> list[GpuProcess]:
 
 @dataclass(frozen=True, slots=True)
 class GpuDevice:
-    """One GPU as NVML sees it: its name and memory, in NVML's own index order."""
+    """One GPU, or one MIG slice of one, as CUDA will see it.
+
+    `index` is NVML's number for the physical GPU (what nvidia-smi and `GpuProcess.gpu`
+    say). `cuda` is the number CUDA gives the device under CUDA_VISIBLE_DEVICES (cuda:0 is
+    the first device vLLM uses); None where that variable is unset, and NVML's order is
+    CUDA's with one kind of GPU (or CUDA_DEVICE_ORDER=PCI_BUS_ID). A MIG slice has its own
+    memory, which is what vLLM's start-up check measures on it.
+    """
 
     index: int
     name: str
     total_bytes: int
     free_bytes: int
+    cuda: int | None = None
+    mig_uuid: str | None = None  # "MIG-..." where this is a MIG slice
+
+    def where(self) -> str:
+        """ "GPU 1", "cuda:0 = GPU 1", or "MIG slice MIG-... of GPU 0"."""
+        place = f"GPU {self.index}"
+        if self.mig_uuid is not None:
+            place = f"MIG slice {self.mig_uuid} of {place}"
+        if self.cuda is not None and (self.cuda != self.index or self.mig_uuid is not None):
+            place = f"cuda:{self.cuda} = {place}"
+        return place
 
     def words(self) -> str:
         return (
-            f"GPU {self.index} {self.name}: {self.free_bytes / 1024**3:,.1f} of "
+            f"{self.where()} {self.name}: {self.free_bytes / 1024**3:,.1f} of "
             f"{self.total_bytes / 1024**3:,.1f} GiB free"
         )
 
 
-def gpu_devices() -> list[GpuDevice]:
-    """Every GPU the driver shows, with its total and free memory; [] without NVML."""
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """The GPUs CUDA will use, in CUDA's order, and the driver they run under."""
+
+    devices: tuple[GpuDevice, ...] = ()
+    notes: tuple[str, ...] = ()  # why a GPU NVML sees is left out, or may be numbered apart
+    nvml_count: int = 0  # every GPU NVML sees, visible or not
+    driver: str | None = None  # "550.54.15"
+    driver_cuda: tuple[int, int] | None = None  # (12, 4): the newest CUDA this driver runs
+
+
+def _text(value: Any) -> str:
+    # nvidia-ml-py gives str; releases before 11.5 gave bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Physical:
+    """One GPU in NVML's order, with its MIG slices (handle, UUID) where MIG is on."""
+
+    index: int
+    handle: Any
+    uuid: str
+    slices: tuple[tuple[Any, str], ...]
+
+
+def _mig_slices(nvml: Any, handle: Any) -> tuple[tuple[Any, str], ...]:
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except Exception:
+        return ()  # NVMLError_NotSupported: a GPU without MIG (an L4, anything before A100)
+    if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        return ()
+    found: list[tuple[Any, str]] = []
+    for i in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except Exception:
+            continue  # NVMLError_NotFound: a slot with no slice in it
+        found.append((mig, _text(nvml.nvmlDeviceGetUUID(mig))))
+    return tuple(found)
+
+
+def _device(nvml: Any, index: int, handle: Any, cuda: int | None, mig: str | None) -> GpuDevice:
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    name = _text(nvml.nvmlDeviceGetName(handle))
+    return GpuDevice(index, name, int(memory.total), int(memory.free), cuda, mig)
+
+
+def _whole_or_slices(nvml: Any, gpu: _Physical, cuda: int | None) -> list[GpuDevice]:
+    """A GPU picked by its index or UUID: itself, or with MIG on, each of its slices (CUDA
+    never runs on the whole of a GPU in MIG mode)."""
+    if not gpu.slices:
+        return [_device(nvml, gpu.index, gpu.handle, cuda, None)]
+    return [_device(nvml, gpu.index, h, None, uuid) for h, uuid in gpu.slices]
+
+
+def _by_prefix(wanted: str, uuids: list[str]) -> int | None:
+    # CUDA takes any prefix of a UUID that names one device alone.
+    hits = [i for i, u in enumerate(uuids) if u.startswith(wanted)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _visible(
+    nvml: Any, gpus: list[_Physical], setting: str | None
+) -> tuple[list[GpuDevice], list[str]]:
+    """The devices CUDA_VISIBLE_DEVICES leaves CUDA, in its order; and what was left out."""
+    if setting is None:
+        found = [d for g in gpus for d in _whole_or_slices(nvml, g, None)]
+        return found, _mig_notes(gpus)
+    if not setting.strip():
+        return [], [f"CUDA_VISIBLE_DEVICES is empty: CUDA sees none of the {len(gpus)} GPUs"]
+    found = []
+    notes: list[str] = []
+    taken: set[str] = set()  # one per device CUDA numbers: cuda:N is the Nth
+    split: list[_Physical] = []  # GPUs named whole that are in MIG mode
+    slices = [(g, h, u) for g in gpus for h, u in g.slices]
+    for entry in (e.strip() for e in setting.split(",")):
+        gpu: _Physical | None = None
+        pick: list[GpuDevice] = []
+        if re.fullmatch(r"\d+", entry) and int(entry) < len(gpus):
+            gpu = gpus[int(entry)]
+        elif entry.startswith("GPU-"):
+            at = _by_prefix(entry, [g.uuid for g in gpus])
+            gpu = gpus[at] if at is not None else None
+        elif entry.startswith("MIG-"):
+            at = _by_prefix(entry, [u for _, _, u in slices])
+            if at is not None:
+                g, h, u = slices[at]
+                pick = [_device(nvml, g.index, h, len(taken), u)]
+        if gpu is not None:
+            pick = _whole_or_slices(nvml, gpu, len(taken))
+        if not pick:
+            # CUDA stops reading the list at the first entry that names no device.
+            notes.append(
+                f"CUDA_VISIBLE_DEVICES={setting}: {entry!r} names no GPU NVML sees, so CUDA "
+                "ignores it and every entry after it"
+            )
+            break
+        key = pick[0].mig_uuid if gpu is None else f"GPU {gpu.index}"
+        if key in taken:
+            continue  # named twice: still one device
+        taken.add(str(key))
+        if gpu is not None and gpu.slices:
+            split.append(gpu)
+        found.extend(pick)
+    hidden = len(gpus) - len({d.index for d in found})
+    if hidden:
+        notes.append(f"CUDA_VISIBLE_DEVICES={setting} hides {hidden} of the {len(gpus)} GPUs")
+    return found, notes + _mig_notes(split)
+
+
+def _mig_notes(gpus: list[_Physical]) -> list[str]:
+    return [
+        f"GPU {g.index} is split into {len(g.slices)} MIG slices: CUDA runs on a slice, not "
+        f"the whole GPU; choose one with CUDA_VISIBLE_DEVICES={g.slices[0][1]}"
+        for g in gpus
+        if g.slices
+    ]
+
+
+def _order_note(devices: list[GpuDevice]) -> list[str]:
+    # CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML numbers
+    # them by PCI bus. With one kind of GPU the two agree (vLLM warns the same way).
+    kinds = {d.name for d in devices if d.mig_uuid is None}
+    if len(kinds) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        return [
+            "GPUs of different kinds: set CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA "
+            "numbers them as NVML does"
+        ]
+    return []
+
+
+def _driver(nvml: Any) -> tuple[str | None, tuple[int, int] | None]:
+    try:
+        version: str | None = _text(nvml.nvmlSystemGetDriverVersion())
+    except Exception:
+        version = None
+    try:
+        # 12040 means CUDA 12.4: the newest CUDA runtime this driver can run.
+        code = int(nvml.nvmlSystemGetCudaDriverVersion())
+        cuda: tuple[int, int] | None = (code // 1000, code % 1000 // 10)
+    except Exception:
+        cuda = None
+    return version, cuda
+
+
+def gpu_view() -> GpuView:
+    """The GPUs CUDA will use (CUDA_VISIBLE_DEVICES read as CUDA reads it: indices,
+    GPU-UUIDs, MIG-UUIDs), each MIG slice with its own memory, and the driver's version and
+    CUDA version; an empty view without NVML."""
     nvml = _nvml()
     if nvml is None:
-        return []
-    found: list[GpuDevice] = []
+        return GpuView()
     try:
-        for index in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = nvml.nvmlDeviceGetName(handle)
-            # nvidia-ml-py gives str; releases before 11.5 gave bytes.
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            found.append(GpuDevice(index, name, int(memory.total), int(memory.free)))
-    except Exception:
-        pass  # a partial list is still worth saying
+        driver, driver_cuda = _driver(nvml)
+        gpus: list[_Physical] = []
+        try:
+            for index in range(int(nvml.nvmlDeviceGetCount())):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(_maybe(lambda h=handle: nvml.nvmlDeviceGetUUID(h)) or "")
+                gpus.append(_Physical(index, handle, uuid, _mig_slices(nvml, handle)))
+            devices, notes = _visible(nvml, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        except Exception as exc:
+            return GpuView(
+                notes=(f"NVML failed while listing GPUs ({type(exc).__name__})",),
+                nvml_count=len(gpus), driver=driver, driver_cuda=driver_cuda,
+            )  # fmt: skip
+        return GpuView(
+            tuple(devices), tuple(notes + _order_note(devices)), len(gpus), driver, driver_cuda
+        )
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-    return found
+
+
+def gpu_devices() -> list[GpuDevice]:
+    """The GPUs CUDA will use, in CUDA's order, with their total and free memory (a MIG
+    slice's own); [] without NVML."""
+    return list(gpu_view().devices)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,32 @@ STAMP=$VENV/.kvscope-setup
 RECIPE="v1 $(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 VLLM_VERSION=0.32.0
 
+# vLLM 0.32/0.33 wheels need Python >= 3.11 (their Requires-Python); pip would otherwise
+# say only "no matching distribution", after the venv is made. Ubuntu 22.04's python3 is 3.10.
+need_python() {  # $1: the interpreter, $2: what it is, $3: what to do instead
+  local found
+  if ! found=$("$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null); then
+    echo "setup: cannot run $1; $3" >&2
+    exit 1
+  fi
+  if ! "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: $2 is Python $found, but vLLM $VLLM_VERSION needs Python 3.11 or newer; $3" >&2
+    exit 1
+  fi
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && "$VENV/bin/python" -c "
 import importlib.util as u, sys
 sys.exit(0 if u.find_spec('vllm') and u.find_spec('textual') else 1)" 2>/dev/null; then
   echo "setup: .venv is up to date"
 else
-  [ -x "$VENV/bin/python" ] || { echo "setup: creating $VENV"; "$PY" -m venv "$VENV"; }
+  if [ -x "$VENV/bin/python" ]; then
+    need_python "$VENV/bin/python" "$VENV" "remove $VENV and run: PYTHON=python3.11 make setup"
+  else
+    need_python "$PY" "$PY" "install 3.11 or newer and pick it: PYTHON=python3.11 make setup"
+    echo "setup: creating $VENV with $PY"
+    "$PY" -m venv "$VENV"
+  fi
   PIP="$VENV/bin/pip"
   if "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
     echo "setup: vLLM already installed"
@@ -47,6 +67,6 @@ fi
 "$VENV/bin/python" -c "
 from engine.vllm.versions import installed_vllm, version_warning
 found = installed_vllm()
-said = version_warning(found[1]) if found else None
+said = version_warning(*found) if found else None
 print(f'setup: warning: {said}') if said else None"
 echo "setup: ready ($("$VENV/bin/python" -c 'from engine.model_prep import embedded_model_dir; print(embedded_model_dir())'))"

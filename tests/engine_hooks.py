@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from engine.vllm.engine import VllmEngine
 
 
@@ -24,9 +27,44 @@ def on_step_thread(engine: VllmEngine, call: Any) -> None:
     assert done.wait(60), "the step thread did not take the call"
 
 
-def set_batch_queue(engine: VllmEngine, depth: int) -> None:
+SCHEDULING_MODES = ("lockstep", "batch-queue", "async")
+"""How the session engine schedules, for tests that run in each:
+  lockstep     vLLM's CPU default: `Scheduler`, `step()` schedules and runs one batch.
+  batch-queue  `Scheduler` in a batch queue of two (pipeline parallelism's path).
+  async        vLLM's own `AsyncScheduler` in a batch queue of two: CUDA's default path,
+               output placeholders and a decode scheduled before the last token is known.
+"""
+
+
+def set_scheduling(engine: VllmEngine, mode: str) -> None:
+    """Put the session engine's core into `mode` (see SCHEDULING_MODES), between steps.
+
+    The scheduler object stays the one vLLM built; for "async" its class becomes vLLM's
+    `AsyncScheduler`, whose `__init__` adds three attributes to `Scheduler`'s (set here as
+    it sets them) and whose two overrides then run as vLLM's own code. `schedule` and
+    `update_from_output`, which kvscope wraps, are `Scheduler`'s in both classes.
+    """
+    assert mode in SCHEDULING_MODES, mode
+    left: list[int] = []
+
     def switch(llm_engine: Any) -> None:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
         core = llm_engine.engine_core.engine_core
+        # Asserted by the caller: a failed assert here would end the step thread.
+        left.append(len(core.batch_queue or ()))
+        scheduler: Any = core.scheduler
+        now: object = type(scheduler)
+        if mode == "async":
+            if now is Scheduler:
+                scheduler.__class__ = AsyncScheduler
+                scheduler._spec_token_placeholders = [-1] * scheduler.num_spec_tokens
+                scheduler.pp_size = scheduler.parallel_config.pipeline_parallel_size
+                scheduler.decode_stagger = scheduler.pp_size
+        elif now is AsyncScheduler:
+            scheduler.__class__ = Scheduler
+        depth = 1 if mode == "lockstep" else 2
         if depth > 1:
             core.batch_queue = deque(maxlen=depth)
             core.batch_queue_size = depth
@@ -35,11 +73,43 @@ def set_batch_queue(engine: VllmEngine, depth: int) -> None:
             core.batch_queue = None
             core.batch_queue_size = 1
             core.step_fn = core.step
-        # Batches the old mode had in flight are gone with its queue: the step pairing
-        # must not wait for their outputs.
-        engine.introspection._in_flight.clear()
 
+    wait_until_drained(engine)
     on_step_thread(engine, switch)
+    assert left == [0], f"{left[0]} batch(es) still in vLLM's queue"
+
+
+def wait_until_drained(engine: VllmEngine, turns: int = 8) -> None:
+    """Once the last request has ended, the step loop keeps stepping until vLLM's batch
+    queue is empty (a reply that stopped on EOS leaves a batch there with async
+    scheduling); a batch left there while idle would come out with the next request,
+    after the pause. Each look is one turn of the step loop, so a loop that drains takes
+    one or two; one that does not never gets there."""
+    left: list[int] = []
+
+    def look(llm_engine: Any) -> None:
+        left.append(len(llm_engine.engine_core.engine_core.batch_queue or ()))
+
+    for _ in range(turns):
+        on_step_thread(engine, look)
+        if left[-1] == 0:
+            return
+    raise AssertionError(f"vLLM's batch queue still holds {left[-1]} batch(es) after {turns} turns")
+
+
+def set_batch_queue(engine: VllmEngine, depth: int) -> None:
+    """`Scheduler` in a batch queue of `depth` (1: lockstep)."""
+    set_scheduling(engine, "lockstep" if depth == 1 else "batch-queue")
+
+
+@contextlib.contextmanager
+def scheduling(engine: VllmEngine, mode: str) -> Iterator[VllmEngine]:
+    """The session engine in `mode` for the block, back in lockstep afterwards."""
+    set_scheduling(engine, mode)
+    try:
+        yield engine
+    finally:
+        set_scheduling(engine, "lockstep")
 
 
 class PoolHeld:

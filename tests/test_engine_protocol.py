@@ -232,6 +232,8 @@ def remote_engine(vllm_server: VllmServer) -> Iterator[Engine]:
         # The same engine on the path CUDA takes by default: batches kept in flight, each
         # step handing out the previous batch's tokens (see test_vllm_batch_queue.py).
         pytest.param("vllm-batch-queue", marks=pytest.mark.engine),
+        # And with vLLM's own AsyncScheduler in that queue, as CUDA runs by default.
+        pytest.param("vllm-async", marks=pytest.mark.engine),
         pytest.param("remote", marks=pytest.mark.engine),
         "replay",
     ]
@@ -243,15 +245,12 @@ def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]
         yield LiveSubject(fake)
     elif request.param == "replay":
         yield ReplaySubject(tmp_path)
-    elif request.param == "vllm-batch-queue":
-        from engine_hooks import set_batch_queue
+    elif request.param in ("vllm-batch-queue", "vllm-async"):
+        from engine_hooks import scheduling
 
         vllm: VllmEngine = request.getfixturevalue("vllm_engine")
-        set_batch_queue(vllm, 2)
-        try:
+        with scheduling(vllm, request.param.removeprefix("vllm-")):
             yield LiveSubject(vllm)
-        finally:
-            set_batch_queue(vllm, 1)
     else:
         fixture = "vllm_engine" if request.param == "vllm" else "remote_engine"
         engine: Engine = request.getfixturevalue(fixture)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
-from engine_hooks import set_batch_queue
+from engine_hooks import SCHEDULING_MODES, scheduling
 from subprocess_report import run_and_report
 
 from engine.events import GenerationRequest, KvCacheGroup, ModelCard, SamplingSettings
@@ -157,9 +157,9 @@ def test_the_card_counts_a_hybrid_pool_as_vllm_does_and_one_group_as_before() ->
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("queue", [1, 2], ids=["lockstep", "batch-queue"])
+@pytest.mark.parametrize("mode", SCHEDULING_MODES)
 async def test_held_blocks_are_the_pools_used_blocks_at_every_step(
-    vllm_engine: VllmEngine, queue: int
+    vllm_engine: VllmEngine, mode: str
 ) -> None:
     """The union of the blocks the samples say are held equals total - free, every step.
     The session engine runs with prefix caching on (vLLM's default); these prompts share no
@@ -184,20 +184,19 @@ async def test_held_blocks_are_the_pools_used_blocks_at_every_step(
     async def one(i: int) -> None:
         ids = engine.synthetic_prompt(150 + 170 * i, seed=1900 + i)
         request = GenerationRequest(
-            f"groups-{queue}-{i}",
+            f"groups-{mode}-{i}",
             prompt_token_ids=ids,
             sampling=SamplingSettings(30, ignore_eos=True),
         )
         async for _ in engine.stream(request):
             pass
 
-    set_batch_queue(engine, queue)
-    remove = engine.add_step_listener(check)
-    try:
-        await asyncio.gather(*(one(i) for i in range(3)))
-    finally:
-        remove()
-        set_batch_queue(engine, 1)
+    with scheduling(engine, mode):
+        remove = engine.add_step_listener(check)
+        try:
+            await asyncio.gather(*(one(i) for i in range(3)))
+        finally:
+            remove()
     assert steps[0] >= 25  # 30 decode steps, whatever the prompts share of a step
     assert not bad, bad[:3]
 

@@ -1,5 +1,6 @@
-"""The one reader of a model's attention geometry: a config.json dict and a config object
-(as transformers and vLLM load it) read the same, and the roofline agrees with it."""
+"""The one reader of a model's attention geometry and parameter count: a config.json dict
+and a config object (as transformers and vLLM load it) read the same, and the roofline
+agrees with it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from engine.errors import BadOption
-from engine.model_geometry import config_fields, read_attention_geometry
+from engine.model_geometry import config_fields, count_parameters, read_attention_geometry
+from roofline.geometry import count_params_from_hf_config
 from roofline.hardware import known_models, load_geometry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +81,32 @@ def test_the_roofline_reads_the_same_geometry(name: str) -> None:
         attention.head_dim,
     )
     assert geometry.kv_bytes_per_token == attention.kv_bytes_per_token(geometry.dtype_bytes)
+
+
+def test_the_parameter_count_matches_the_real_model() -> None:
+    # 134,515,008: the number of values in SmolLM2-135M-Instruct's model.safetensors (272
+    # tensors, no lm_head: it is tied to the embeddings).
+    smol = {**SMOL, "tie_word_embeddings": True}
+    assert count_parameters(smol) == 134_515_008
+    assert count_parameters(config_fields(_AliasedConfig(**smol))) == 134_515_008
+    # An untied lm_head is a second vocab x hidden matrix.
+    untied = {**smol, "tie_word_embeddings": False}
+    assert count_parameters(untied) - count_parameters(smol) == 49152 * 576
+    assert count_parameters({"text_config": smol}) == 134_515_008
+
+
+def test_the_parameter_count_refuses_what_it_cannot_describe() -> None:
+    with pytest.raises(BadOption, match="mixture-of-experts"):
+        count_parameters({**SMOL, "num_local_experts": 8})
+    with pytest.raises(BadOption, match="intermediate_size"):
+        count_parameters({k: v for k, v in SMOL.items() if k != "intermediate_size"})
+
+
+@pytest.mark.parametrize("name", known_models())
+def test_the_roofline_counts_the_same_parameters(name: str) -> None:
+    assert count_parameters(geometry_config(name)) == count_params_from_hf_config(
+        geometry_config(name)
+    )
 
 
 def geometry_config(name: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from engine_hooks import PoolHeld, on_step_thread
+from engine_hooks import SCHEDULING_MODES, PoolHeld, on_step_thread, scheduling
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 
@@ -129,11 +129,16 @@ async def test_the_last_request_ending_leaves_an_idle_sample(vllm_engine: Engine
     assert not last.blocks
 
 
-async def test_ttft_anatomy_adds_up_and_counts_prefill_chunks(vllm_engine: VllmEngine) -> None:
-    """With a 256-token step budget a 1,024-token prompt takes 4 prefill chunks; the parts
+@pytest.mark.parametrize("mode", SCHEDULING_MODES)
+async def test_ttft_anatomy_adds_up_and_counts_prefill_chunks(
+    vllm_engine: VllmEngine, mode: str
+) -> None:
+    """With a 128-token step budget a 512-token prompt takes 4 prefill chunks; the parts
     of its TTFT add up to the TTFT measured from the caller's clock."""
-    with step_budget(vllm_engine, 256):
-        done = await _run(vllm_engine, "anatomy", 1024, 2, seed=340)
+    # A prompt of its own in each mode: one the prefix cache holds would not be prefilled.
+    seed = 340 + SCHEDULING_MODES.index(mode)
+    with scheduling(vllm_engine, mode), step_budget(vllm_engine, 128):
+        done = await _run(vllm_engine, f"anatomy-{mode}", 512, 2, seed=seed)
     parts = done.anatomy
     assert parts is not None
     assert done.ttft_s is not None
@@ -142,15 +147,35 @@ async def test_ttft_anatomy_adds_up_and_counts_prefill_chunks(vllm_engine: VllmE
     assert parts.prefill_s > parts.queue_s
 
 
-async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine) -> None:
+# Not with the plain `Scheduler` in a batch queue: there a decoder's next token waits for
+# its last one, so every other batch is the newcomer's prefill alone, never both.
+@pytest.mark.parametrize("mode", ["lockstep", "async"])
+async def test_a_decoders_spike_is_another_requests_prefill(
+    vllm_engine: VllmEngine, mode: str
+) -> None:
     """One long prompt arrives while another request decodes: the step where the decoder's
     token waited also ran the newcomer's prefill chunk, and the step sample says so."""
+    with scheduling(vllm_engine, mode) as engine:
+        await _spike_seen(engine, mode)
+
+
+async def _spike_seen(engine: VllmEngine, mode: str) -> None:
     samples: list[StepSample] = []
-    remove = vllm_engine.add_step_listener(samples.append)
+    remove = engine.add_step_listener(samples.append)
     try:
-        decoder = asyncio.create_task(_run(vllm_engine, "spike-decoder", 64, 40, seed=350))
+        decoder = asyncio.create_task(
+            _run(
+                engine,
+                f"spike-decoder-{mode}",
+                64,
+                40,
+                seed=350 + 10 * SCHEDULING_MODES.index(mode),
+            )
+        )
         await asyncio.sleep(0.3)
-        long = await _run(vllm_engine, "spike-long", 768, 2, seed=351)
+        long = await _run(
+            engine, f"spike-long-{mode}", 768, 2, seed=351 + 10 * SCHEDULING_MODES.index(mode)
+        )
         dec = await decoder
     finally:
         remove()
@@ -160,8 +185,8 @@ async def test_a_decoders_spike_is_another_requests_prefill(vllm_engine: Engine)
     spiky = [
         s
         for s in samples
-        if any(w.request_id == "spike-decoder" and w.decode_tokens for w in s.work)
-        and any(w.request_id == "spike-long" and w.prefill_tokens for w in s.work)
+        if any(w.request_id == f"spike-decoder-{mode}" and w.decode_tokens for w in s.work)
+        and any(w.request_id == f"spike-long-{mode}" and w.prefill_tokens for w in s.work)
     ]
     assert spiky, "no step ran the decoder beside the long prefill"
     assert dec.itl_s[worst] >= max(s.duration_s for s in spiky) * 0.9

@@ -1,22 +1,28 @@
 """Steps paired with the batch that produced them when vLLM keeps batches in flight.
 
 On CUDA, vLLM's default is async scheduling: the engine core keeps a queue of two batches,
-and each `step()` schedules batch k and hands out batch k-1's tokens. The CPU backend turns
-async scheduling off, so here the session engine's core is switched onto that same path
-(`step_with_batch_queue`, a queue of two); the single-process executor returns finished
-futures, so it runs, serially, with the same one-batch shift.
+each `step()` schedules batch k and hands out batch k-1's tokens, and the scheduler is
+`AsyncScheduler`, which schedules a request's next decode before its last token is known
+(output placeholders). The CPU backend turns async scheduling off, so here the session
+engine's core is switched onto that same path (`step_with_batch_queue`, a queue of two),
+with vLLM's plain `Scheduler` (pipeline parallelism's path) and with vLLM's own
+`AsyncScheduler` (CUDA's default); the single-process executor returns finished futures,
+so both run, serially, with the same one-batch shift.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from engine_hooks import on_step_thread, set_batch_queue
+from engine_hooks import SCHEDULING_MODES, on_step_thread, scheduling, wait_until_drained
 
 from engine.events import (
+    ChatMessage,
     GenerationRequest,
     RequestFinished,
     SamplingSettings,
@@ -32,13 +38,12 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture
-def batch_queue_engine(vllm_engine: VllmEngine) -> Iterator[VllmEngine]:
-    set_batch_queue(vllm_engine, 2)
-    try:
-        yield vllm_engine
-    finally:
-        set_batch_queue(vllm_engine, 1)
+@pytest.fixture(params=["batch-queue", "async"])
+def batch_queue_engine(
+    vllm_engine: VllmEngine, request: pytest.FixtureRequest
+) -> Iterator[VllmEngine]:
+    with scheduling(vllm_engine, request.param) as engine:
+        yield engine
 
 
 def record_handouts(engine: VllmEngine) -> tuple[list[dict[str, int]], Any]:
@@ -74,7 +79,7 @@ async def _run(
 ) -> tuple[list[TokenEvent], RequestFinished]:
     request = GenerationRequest(
         rid,
-        prompt_token_ids=engine.synthetic_prompt(prompt, seed=hash(rid) % 1000),
+        prompt_token_ids=engine.synthetic_prompt(prompt, seed=zlib.crc32(rid.encode()) % 1000),
         sampling=SamplingSettings(max_tokens=out, ignore_eos=True),
     )
     tokens: list[TokenEvent] = []
@@ -121,7 +126,8 @@ async def test_each_step_is_the_batch_whose_tokens_it_hands_out(
                 assert own[rid].prefill_tokens > 0 and own[rid].decode_tokens == 0
             else:
                 assert own[rid].decode_tokens == 1 and own[rid].prefill_tokens == 0
-        assert sum(w.prefill_tokens for s in steps for w in s.work if w.request_id == rid) == prompt
+        prefilled = sum(w.prefill_tokens for s in steps for w in s.work if w.request_id == rid)
+        assert prefilled == prompt - (finished.cached_prompt_tokens or 0)
         anatomy = finished.anatomy
         assert anatomy is not None and finished.ttft_s is not None
         assert anatomy.total_s == pytest.approx(finished.ttft_s, abs=1e-6)
@@ -137,3 +143,81 @@ async def test_the_card_says_how_the_engine_schedules(vllm_engine: VllmEngine) -
     card = vllm_engine.card
     assert card is not None
     assert card.scheduling == "async scheduling off (the CPU backend turns it off)"
+
+
+async def test_three_requests_at_once_decode_as_decode(batch_queue_engine: VllmEngine) -> None:
+    """The issue's own case, shortened: three prompts of different lengths at once. Every
+    token after a request's first comes from a step whose work for it is one decode token;
+    its prompt is prefill once (what the prefix cache lacked), and nowhere else."""
+    engine = batch_queue_engine
+    samples: list[StepSample] = []
+    remove = engine.add_step_listener(samples.append)
+    runs = (("three-a", 100, 8), ("three-b", 150, 8), ("three-c", 32, 8))
+    try:
+        results = await asyncio.gather(*(_run(engine, *run) for run in runs))
+    finally:
+        remove()
+    by_step = {s.step: s for s in samples if not s.idle}
+    for (rid, prompt, out), (tokens, finished) in zip(runs, results, strict=True):
+        assert finished.output_tokens == out
+        kinds = []
+        for token in tokens:
+            own = {w.request_id: w for w in by_step[token.step].work}[rid]
+            kinds.append((own.prefill_tokens, own.decode_tokens))
+        assert kinds[0][0] > 0 and kinds[0][1] == 0, (rid, kinds)
+        assert kinds[1:] == [(0, 1)] * (out - 1), (rid, kinds)
+        prefilled = sum(
+            w.prefill_tokens for s in by_step.values() for w in s.work if w.request_id == rid
+        )
+        # vLLM's own count of the prompt tokens its prefix cache already held.
+        cached = finished.cached_prompt_tokens or 0
+        assert prefilled == prompt - cached, (rid, prefilled, cached)
+
+
+async def _reply_until_it_stops(engine: VllmEngine, rid: str) -> RequestFinished:
+    # Greedy, short, and free to stop on the model's own end-of-turn token.
+    request = GenerationRequest(
+        rid,
+        messages=(ChatMessage("user", "Say hello."),),
+        sampling=SamplingSettings(max_tokens=48),
+    )
+    async for event in engine.stream(request):
+        if isinstance(event, RequestFinished):
+            return event
+    raise AssertionError("no RequestFinished")
+
+
+@pytest.mark.parametrize("mode", SCHEDULING_MODES)
+async def test_no_step_spans_the_idle_pause_after_a_reply_that_stopped_on_eos(
+    vllm_engine: VllmEngine, mode: str
+) -> None:
+    """A reply that ends on its own EOS leaves vLLM, with async scheduling, one batch already
+    scheduled for it. That batch must not come out after the pause as a step spanning it:
+    every step after the pause starts after the next request was sent, and runs its work."""
+    samples: list[StepSample] = []
+    with scheduling(vllm_engine, mode):
+        remove = vllm_engine.add_step_listener(samples.append)
+        try:
+            first = await _reply_until_it_stops(vllm_engine, f"eos-{mode}")
+            ended = len(samples)
+            # The batch vLLM had already scheduled for it is taken out at once, not left
+            # in vLLM's queue to come out after the pause.
+            wait_until_drained(vllm_engine)
+            assert first.reason == "stop" and first.output_tokens < 48, first
+            longest = max(s.duration_s for s in samples if not s.idle)
+            # A pause far longer than any step of the reply: a step that spans it shows.
+            pause = max(1.0, 10 * longest)
+            await asyncio.sleep(pause)
+            after = len(samples)
+            sent = time.perf_counter()
+            _tokens, second = await _run(vllm_engine, f"after-eos-{mode}", 16, 3)
+        finally:
+            remove()
+    later = [s for s in samples[after:] if not s.idle]
+    assert later and second.output_tokens == 3
+    for s in later:
+        assert s.started_at >= sent, (s, sent)
+        assert s.duration_s < pause, (s, pause)
+        assert [w.request_id for w in s.work] == [f"after-eos-{mode}"], s
+    # Between the reply's end and the next request, no step with work came out at all.
+    assert all(s.idle for s in samples[ended:after]), samples[ended:after]

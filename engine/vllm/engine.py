@@ -59,7 +59,6 @@ from engine.request_book import (
     prompt_fits,
 )
 from engine.sizes import dtype_bytes, kv_bytes_per_token
-from engine.vllm.internals import ScheduledWork
 from engine.vllm.startup import (
     keep_workers_logging,
     map_start_error,
@@ -69,6 +68,8 @@ from engine.vllm.startup import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
+
+    from engine.vllm.internals import ScheduledWork
 
 
 @dataclass(eq=False)
@@ -145,6 +146,7 @@ class VllmEngine:
         self._dead: str | None = None
         self._step = 0
         self._last_end = 0.0
+        self._woke_at = 0.0
         # The callers' own tokenizer: vLLM's is used on the step thread, and a fast
         # tokenizer shared between threads raises "Already borrowed".
         self._tokenizer: Any = None
@@ -181,6 +183,7 @@ class VllmEngine:
         self._dead = None
         self._step = 0
         self._last_end = 0.0
+        self._woke_at = 0.0
 
         def main() -> None:
             try:
@@ -336,12 +339,14 @@ class VllmEngine:
     # -- the step thread ---------------------------------------------------------------------
     def _run(self, engine: Any) -> None:
         try:
+            intro = self._introspector
             while not self._stop.is_set():
-                idle = not engine.has_unfinished_requests()
-                self._drain(engine, block=idle)
+                # A batch still in vLLM's queue is work too (see `batches_queued`).
+                busy = engine.has_unfinished_requests() or intro.batches_queued > 0
+                self._drain(engine, block=not busy)
                 if self._stop.is_set():
                     break
-                if engine.has_unfinished_requests():
+                if engine.has_unfinished_requests() or intro.batches_queued > 0:
                     self._one_step(engine)
         except BaseException as exc:  # the engine is unusable now; say why to everyone
             lines = str(exc).strip().splitlines()
@@ -379,6 +384,9 @@ class VllmEngine:
                 )
             except queue.Empty:
                 return
+            if block:
+                # Idle until now: no batch that comes out later ran before this moment.
+                self._woke_at = time.perf_counter()
             block = False
             if kind == "add":
                 self._add(engine, payload)
@@ -440,22 +448,25 @@ class VllmEngine:
         ended = time.perf_counter()
         intro = self._introspector
         work = intro.take_scheduled()
-        if not outputs and (
+        if (
             work is None
-            or (work.prefill_tokens + work.decode_tokens == 0 and intro.batch_queue_depth > 1)
+            or not work.number
+            or not any(i in self._internal for i in work.per_request)
         ):
-            # With batches in flight, a call that only scheduled hands out nothing, and a
-            # batch that found nothing to run (its requests' tokens were still in flight)
-            # did nothing: there is no step to show until a batch's tokens come back.
-            self._maybe_idle(engine)
+            # No step to show: a call that only scheduled (batches in flight), a batch with
+            # nothing to run, or one whose every request ended while it was in flight (a
+            # reply that stopped on EOS leaves one batch so, with async scheduling). Its
+            # number stays taken: its start may have been announced.
+            if work is not None:
+                self._step = max(self._step, work.number)
+            self._hand_out(engine, outputs, ended)
             return
-        if work is None:
-            work = ScheduledWork(0, 0, (), scheduled_at=called)
-        self._step += 1
+        self._step = work.number
         # A batch kept in flight ran from when it was scheduled, not from this call: count
-        # it from then, but never from before the last step's end, so steps never overlap.
+        # it from then, but never from before the last step's end, so steps never overlap,
+        # nor from before the step loop last woke from idle, so no step spans a pause.
         # In lockstep the batch is scheduled inside this call, and this is `called`.
-        started = min(called, max(work.scheduled_at, self._last_end))
+        started = min(called, max(work.scheduled_at, self._last_end, self._woke_at))
         self._last_end = ended
         preempted = tuple(
             self._internal[i] for i in work.preempted_internal_ids if i in self._internal
@@ -498,6 +509,10 @@ class VllmEngine:
         # Listeners first: a consumer that stops listening when its request finishes
         # must still see the step that finished it.
         self._listeners.emit(sample)
+        self._hand_out(engine, outputs, ended)
+
+    def _hand_out(self, engine: Any, outputs: Any, ended: float) -> None:
+        """The step's new tokens and finished requests to their streams."""
         for out in outputs:
             # vLLM 0.32's outputs carry the caller's ID; its scheduler uses an internal one.
             live = self._book.get(out.request_id)
@@ -525,10 +540,7 @@ class VllmEngine:
         if not self._start_listeners or not (work.prefill_tokens + work.decode_tokens):
             return
         intro = self._introspector
-        # The batch's step number: the steps still to hand out before it, then it (never
-        # more than the engine core keeps in flight: in lockstep, the next step).
-        step = self._step + min(max(1, intro.batches_in_flight), intro.batch_queue_depth)
-        self._start_listeners.emit(intro.started(work, self._internal, step))
+        self._start_listeners.emit(intro.started(work, self._internal, work.number))
 
     def _maybe_idle(self, engine: Any) -> None:
         """Once the last request is gone, say so with one sample of the pool as it is."""

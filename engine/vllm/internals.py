@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from engine.block_cache import BlockCacheTracker
@@ -45,6 +45,9 @@ class ScheduledWork:
     per_request: dict[str, tuple[int, int]] = field(default_factory=dict)
     waiting_internal_ids: tuple[str, ...] = ()
     scheduled_at: float = 0.0  # perf_counter when the scheduler made this batch
+    number: int = 0
+    """The step number of a batch with work (1, 2, ... in the order vLLM scheduled them);
+    0 for a batch with none, which is never a step."""
 
 
 def configured_here(logging_config: Any) -> None:
@@ -56,13 +59,17 @@ def configured_here(logging_config: Any) -> None:
     vllm.logger._last_configured_logging_config = logging_config
 
 
-def decoding(request: Any, computed_before: int) -> bool:
+def decoding(prompt_tokens: int, computed_before: int, outputs_before: int) -> bool:
     """Whether a scheduled request is making its next output token, not (re)computing its
-    prompt. With async scheduling, tokens in flight are placeholders that the request's
-    own token count does not include yet; they count as output here."""
-    in_flight = int(request.num_output_placeholders)
-    outputs = int(request.num_output_tokens) + in_flight
-    return outputs > 0 and computed_before >= int(request.num_tokens) + in_flight - 1
+    prompt, from the counts the scheduler output itself carries for it: tokens computed
+    and output tokens made (with async scheduling, placeholders for tokens still in flight
+    included) before this batch. A decode has every token but the newest computed; a
+    preempted request recomputing its prompt and earlier output has not.
+
+    Request state read after `schedule()` returns will not do: `AsyncScheduler` has by
+    then added this very batch's placeholder, and every decode would read as a 1-token
+    prefill (its `_update_after_schedule`)."""
+    return outputs_before > 0 and computed_before >= prompt_tokens + outputs_before - 1
 
 
 class EngineIntrospector:
@@ -101,6 +108,7 @@ class EngineIntrospector:
         # summaries of the batches whose outputs came back since the last step was read.
         self._in_flight: dict[int, tuple[object, ScheduledWork]] = {}
         self._handed_out: list[ScheduledWork] = []
+        self._numbered = 0  # batches with work scheduled so far (see ScheduledWork.number)
         self.blocks_ahead = 0
         """Blocks the last `live_blocks` left out: held for a batch still in flight."""
         # A full re-read now and then, in case a manager that `group_readers` takes for
@@ -127,6 +135,12 @@ class EngineIntrospector:
             out = schedule(*args, **kwargs)
             try:
                 work = self._summarize(out, at)
+                if work.prefill_tokens + work.decode_tokens:
+                    # Numbered as it is made, so that its start and its sample carry one
+                    # number however many batches are in flight, and an empty batch (most
+                    # of them under pipeline parallelism) takes none.
+                    self._numbered += 1
+                    work = replace(work, number=self._numbered)
                 self._in_flight[id(out)] = (out, work)
                 if self.on_scheduled is not None:
                     self.on_scheduled(work)
@@ -208,29 +222,32 @@ class EngineIntrospector:
         return self.cache_tracker.state() if self.cache_tracker is not None else None
 
     def _summarize(self, out: Any, scheduled_at: float) -> ScheduledWork:
-        before: dict[str, int] = {}
-        for new in out.scheduled_new_reqs:
-            before[new.req_id] = new.num_computed_tokens
-        cached = out.scheduled_cached_reqs
-        for rid, n in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
-            before[rid] = n
-        prefill = decode = 0
+        scheduled: dict[str, int] = out.num_scheduled_tokens
+        requests = self.scheduler.requests
         per_request: dict[str, tuple[int, int]] = {}
-        for rid, scheduled in out.num_scheduled_tokens.items():
-            request = self.scheduler.requests.get(rid)
-            done = before.get(rid, 0)
-            if request is None:
-                own = (scheduled, 0)
-            elif decoding(request, done):
-                # The one new token of a decode step (or its speculative run).
-                own = (0, scheduled)
-            else:
-                # The prompt, or a preempted request recomputing its prompt and its own
-                # earlier output: both are prefill work, whatever the token positions.
-                own = (scheduled, 0)
-            per_request[rid] = own
-            prefill += own[0]
-            decode += own[1]
+        # A new request's batch is its prompt (or, with the V2 model runner, a preempted
+        # request's recompute): prefill, whatever part of it the prefix cache had.
+        for new in out.scheduled_new_reqs:
+            rid = new.req_id
+            if rid in scheduled:
+                per_request[rid] = (scheduled[rid], 0)
+        cached = out.scheduled_cached_reqs
+        for rid, before, outputs in zip(
+            cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens, strict=False
+        ):
+            n = scheduled.get(rid, 0)
+            if not n:
+                continue
+            request = requests.get(rid)
+            prompt = int(request.num_prompt_tokens) if request is not None else before + n
+            # The one new token of a decode step (or its speculative run); else the prompt,
+            # or a preempted request recomputing its prompt and its own earlier output:
+            # both are prefill work, whatever the token positions.
+            per_request[rid] = (0, n) if decoding(prompt, int(before), int(outputs)) else (n, 0)
+        for rid, n in scheduled.items():
+            per_request.setdefault(rid, (n, 0))  # in neither list: not seen in vLLM 0.32
+        prefill = sum(p for p, _ in per_request.values())
+        decode = sum(d for _, d in per_request.values())
         preempted = tuple(sorted(out.preempted_req_ids or ()))
         waiting = tuple(str(r.request_id) for r in self.scheduler.waiting)
         return ScheduledWork(prefill, decode, preempted, per_request, waiting, scheduled_at)
@@ -286,40 +303,72 @@ class EngineIntrospector:
         )
 
     def memory_budget(self) -> MemoryBudget | None:
-        """The driver worker's memory at start-up, as vLLM accounted it; None when the
-        workers run in processes of their own (their figures stay there)."""
+        """The driver worker's memory at start-up, as vLLM accounted it, its weights
+        checked against the model's config; None when the workers run in processes of
+        their own (their figures stay there)."""
+        from engine.memory_budget import (
+            LOADED_TENSORS,
+            VLLM_ACCOUNTING,
+            choose_weights,
+            config_weights,
+        )
+        from engine.model_geometry import config_fields
+
         executor = self.core.model_executor
         wrapper = getattr(executor, "driver_worker", None)
         worker = getattr(wrapper, "worker", None)
         runner = getattr(worker, "model_runner", None)
         if worker is None or runner is None:
             return None
+        # The GPU runner measures its load; the CPU runner keeps no figure, so the loaded
+        # tensors are counted. Those miss every linear weight the CPU backend handed to
+        # oneDNN (it leaves an empty tensor in its place), hence the check below.
         weights = getattr(runner, "model_memory_usage", None)
+        reported_by = VLLM_ACCOUNTING
         if not weights:
             model = runner.get_model()
             weights = sum(t.numel() * t.element_size() for t in model.parameters())
             weights += sum(t.numel() * t.element_size() for t in model.buffers())
+            reported_by = LOADED_TENSORS
+        model_config = self.vllm_config.model_config
+        parallel = self.vllm_config.parallel_config
+        # The count is the whole model at its dtype: it says nothing of a quantized model
+        # (fewer bytes a weight) or of one rank's share.
+        config = None
+        if model_config.quantization is None and int(parallel.world_size) == 1:
+            config = config_weights(
+                config_fields(model_config.hf_text_config), int(model_config.dtype.itemsize)
+            )
+        weights, source = choose_weights(int(weights), reported_by, config)
         kv_config = self.scheduler.kv_cache_config
         pool = sum(int(t.size) for t in kv_config.kv_cache_tensors)
         snapshot = getattr(worker, "init_snapshot", None)
         requested = getattr(worker, "requested_memory", None)
         activations = getattr(worker, "peak_activation_memory", None)
-        parallel = self.vllm_config.parallel_config
         rank = int(getattr(worker, "local_rank", 0))
+        # With --kv-cache-memory-bytes the GPU worker skips its profiling accounting and
+        # never sets peak_activation_memory (gpu_worker.py, determine_available_memory):
+        # the requested share was only checked at start-up, vLLM does not hold it.
+        fixed = bool(self.vllm_config.cache_config.kv_cache_memory_bytes)
         return MemoryBudget(
             device=f"GPU {rank}" if snapshot is not None else "this machine's RAM",
             total_bytes=int(snapshot.total_memory) if snapshot is not None else None,
             requested_bytes=int(requested) if snapshot is not None and requested else None,
-            weights_bytes=int(weights),
+            weights_bytes=weights,
             activations_bytes=int(activations) if activations is not None else None,
             kv_pool_bytes=pool,
             kv_pool_tokens=self.kv_capacity_tokens or self.total_blocks * self.block_size,
             per_rank=int(parallel.world_size) > 1,
+            source=source,
+            pool_fixed=snapshot is not None and (fixed or activations is None),
         )
 
     @property
-    def batches_in_flight(self) -> int:
-        return len(self._in_flight)
+    def batches_queued(self) -> int:
+        """Batches in vLLM's batch queue, not yet handed out (always 0 in lockstep). The
+        step loop steps until none is left, as vLLM's own engine-core loop does: a batch
+        left there while idle would come out with the next request, after the pause."""
+        return len(self.core.batch_queue or ())
 
     def take_scheduled(self) -> ScheduledWork | None:
         """The batch whose tokens the last `step()` handed out; None when it handed out
@@ -342,6 +391,7 @@ class EngineIntrospector:
             per_request,
             done[-1].waiting_internal_ids,
             min(w.scheduled_at for w in done),
+            max(w.number for w in done),
         )
 
     @property

@@ -18,12 +18,21 @@ if TYPE_CHECKING:
     from engine.memory_budget import MemoryBudget
 
 
-BAR_GLYPHS = {"weights": "W", "activations": "A", "KV pool": "K", "other": "o", "free": "·"}
+BAR_GLYPHS = {
+    "weights": "W",
+    "activations": "A",
+    "KV pool": "K",
+    "other": "o",
+    "free": "·",
+    # A fixed pool's remainder: vLLM's activations and CUDA graphs are in it, uncounted.
+    "not counted": "·",
+}
 
 
 def memory_bar(budget: MemoryBudget, width: int) -> str:
     """The budget as one bar of `width` cells: W weights, A activations, K KV pool,
-    o other, · free; every known part gets at least one cell."""
+    o other, · free (or not counted); every known part gets at least one cell. Where the
+    weights came from is in `budget.words()`, shown under the bar."""
     parts = [(name, size) for name, size in budget.parts() if size > 0]
     whole = sum(size for _, size in parts) or 1
     exact = [width * size / whole for _, size in parts]
