@@ -21,13 +21,14 @@ def test_a_start_after_shutdown_refuses_without_building() -> None:
 # Two shutdowns race from two threads while a reply streams (the app's quit and its
 # engine worker both stop the engine), then the caller stops it once more.
 SHUTDOWN_TWICE = """
-import asyncio, json, threading, time
+import asyncio, gc, json, threading, time, weakref
 from engine.errors import EngineDied
 from engine.events import GenerationRequest, SamplingSettings, TokenEvent
 from engine.vllm.engine import VllmEngine
 
 engine = VllmEngine(argv=['--max-model-len', '1024', '--kv-cache-memory-bytes', str(32 * 1024**2)])
 engine.start()
+core = weakref.ref(engine.introspection.core)
 report = {'raised': []}
 
 def stop():
@@ -68,6 +69,18 @@ try:
 except EngineDied as exc:
     report['restart'] = exc.plain()
 report['step_threads'] = [t.name for t in threading.enumerate() if t.name == 'kvscope-engine']
+# vLLM's engine core (on a GPU: the weights and the KV pool) is freed by the shutdown,
+# and a second engine in this process (Ctrl+R after a failure) is the only one alive.
+gc.collect()
+report['core_freed'] = core() is None
+again = VllmEngine(argv=['--max-model-len', '1024', '--kv-cache-memory-bytes', str(32 * 1024**2)])
+again.start()
+gc.collect()
+report['first_freed_after_restart'] = core() is None
+second = weakref.ref(again.introspection.core)
+again.shutdown()
+gc.collect()
+report['second_freed'] = second() is None
 print('REPORT' + json.dumps(report))
 """
 
@@ -83,3 +96,6 @@ def test_shutdown_is_safe_twice_from_two_threads_mid_reply_and_for_good() -> Non
     assert report["third_s"] < 1.0  # nothing left to stop: it returns at once
     assert "shut down" in report["restart"]
     assert report["step_threads"] == []  # an interpreter exit under it would abort (134)
+    assert report["core_freed"], report
+    assert report["first_freed_after_restart"], report
+    assert report["second_freed"], report

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -152,6 +153,7 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._filler_ids: list[int] | None = None
+        self._llm: Any = None  # vLLM's LLMEngine, see `_build`
         self._introspector: Any = None
         self._stat_logger: Any = None
         self._closed = False
@@ -187,13 +189,17 @@ class VllmEngine:
 
         def main() -> None:
             try:
-                engine = self._build(report)
+                self._build(report)
             except BaseException as exc:
                 failure.append(exc)
+                if self._llm is not None:  # built, then failed: free it all the same
+                    with contextlib.suppress(Exception):
+                        self._llm.engine_core.shutdown()
+                    self._release()
                 ready.set()
                 return
             ready.set()
-            self._run(engine)
+            self._run()
 
         thread = threading.Thread(target=main, name="kvscope-engine", daemon=True)
         self._thread = thread
@@ -209,7 +215,11 @@ class VllmEngine:
         report(LoadProgress("ready", 1.0))
         return self._card
 
-    def _build(self, report: ProgressCallback) -> Any:
+    def _build(self, report: ProgressCallback) -> None:
+        """Build vLLM's engine into `self._llm`. Never into a local: vLLM keeps the
+        exception of an optional import that failed while it was building (for instance
+        `vllm.multimodal.media.audio` without torchcodec), and with it the frames of
+        every caller, this one included, with their locals, for good."""
         # Must be set before vLLM reads its environment: the engine core then lives in
         # this process, where the scheduler and block pool can be read.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -240,7 +250,7 @@ class VllmEngine:
             self._check_stop()
             report(LoadProgress("loading weights and sizing the KV pool", 0.3))
             self._stat_logger = None
-            engine = LLMEngine.from_engine_args(args, stat_loggers=[self._make_stat_logger])
+            self._llm = LLMEngine.from_engine_args(args, stat_loggers=[self._make_stat_logger])
         except BaseException as exc:
             self._cleanup_distributed()
             raise map_start_error(
@@ -253,18 +263,17 @@ class VllmEngine:
                 log_path=route.path,
             ) from exc
         report(LoadProgress("reading the KV pool", 0.9))
-        self._introspector = EngineIntrospector(engine)
+        self._introspector = EngineIntrospector(self._llm)
         self._introspector.on_scheduled = self._step_began
-        self._tokenizer = _own_tokenizer(engine)
+        self._tokenizer = _own_tokenizer(self._llm)
         self._filler_ids = None
-        self._card = self._make_card(engine)
+        self._card = self._make_card(self._llm)
         try:
             memory = self._introspector.memory_budget()
         except Exception:  # an accounting vLLM moved must not stop the engine
             logging.getLogger("vllm").exception("kvscope: no memory budget")
             memory = None
         self._features = replace(IN_PROCESS, step_starts=self, memory=memory)
-        return engine
 
     def _check_stop(self) -> None:
         if self._stop.is_set():
@@ -337,7 +346,8 @@ class VllmEngine:
             pass
 
     # -- the step thread ---------------------------------------------------------------------
-    def _run(self, engine: Any) -> None:
+    def _run(self) -> None:
+        engine = self._llm
         try:
             intro = self._introspector
             while not self._stop.is_set():
@@ -357,8 +367,24 @@ class VllmEngine:
         finally:
             with contextlib.suppress(Exception):
                 engine.engine_core.shutdown()
+            # Nothing of kvscope's may keep vLLM's engine core, and with it the weights
+            # and the KV pool (on a GPU a restart in this process would then fail vLLM's
+            # free-memory check, naming this process as the one holding the GPU).
+            self._release()
             del engine
+            gc.collect()
             self._cleanup_distributed()
+
+    def _release(self) -> None:
+        """Drop every reference kvscope holds into vLLM's engine: the engine itself, the
+        introspector (the core, its scheduler and pool, the wrappers put on them), the
+        stat logger."""
+        self._llm = None
+        intro = self._introspector
+        if intro is not None:
+            intro.release()
+        self._introspector = None
+        self._stat_logger = None
 
     def _close(self, cause: str | None) -> None:
         """Fail every live and every still-queued request; later `stream()`s raise."""

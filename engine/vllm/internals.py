@@ -217,6 +217,25 @@ class EngineIntrospector:
             unpinning,
         )
 
+    def release(self) -> None:
+        """Give vLLM back its own methods and drop every reference into its engine, so
+        that the engine core (weights, KV pool) is freed once vLLM lets go of it too."""
+        for owner, names in (
+            (self.scheduler, ("schedule", "update_from_output")),
+            (self.block_pool, _POOL_WRAPPED),
+        ):
+            for name in names:
+                # The wrappers are instance attributes over the class's methods.
+                owner.__dict__.pop(name, None)
+        self.on_scheduled = None
+        self._in_flight.clear()
+        self._handed_out.clear()
+        for group in self.groups:
+            group.release()
+        self.groups = ()
+        self.core = self.scheduler = self.kv_manager = self.block_pool = None
+        self.vllm_config = self.output_processor = None
+
     def block_cache(self) -> BlockCacheState | None:
         """Which free blocks hold a cached prefix, and which held ones were prefix hits."""
         return self.cache_tracker.state() if self.cache_tracker is not None else None
@@ -598,6 +617,11 @@ class GroupReader:
     def forget(self) -> None:
         self._known.clear()
 
+    def release(self) -> None:
+        """Drop the manager and its lists (the engine is shutting down)."""
+        self._known.clear()
+        self.manager = self._table = None
+
 
 def _first_kept(blocks: Any, start: int) -> int:
     return next(i for i in range(start, len(blocks)) if blocks[i].block_id > 0)
@@ -610,6 +634,16 @@ def drawn_group(groups: tuple[GroupReader, ...]) -> int:
     length as the map and its legend count it; group 0 otherwise. One group: that one."""
     return next((i for i, g in enumerate(groups) if g.kind in WHOLE_CONTEXT), 0)
 
+
+_POOL_WRAPPED = (
+    "free_blocks",
+    "get_new_blocks",
+    "touch",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "unpin_blocks",
+)
+"""The block pool's methods `_wrap_pool` wraps."""
 
 WHOLE_CONTEXT = frozenset({"full attention", "MLA attention", "sink full attention"})
 """Group kinds (`group_kind`) that keep a block for every token of a request."""
