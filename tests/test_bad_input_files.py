@@ -278,12 +278,12 @@ def test_replay_json_is_strict_json(tmp_path: Path, capfd: pytest.CaptureFixture
     assert data["requests"]
 
 
-def test_a_tape_of_50k_records_reads_in_seconds(tmp_path: Path) -> None:
-    # 10,000 requests of five records each (a message, stream(), accepted, a token,
-    # finished): issue 22 saw 100,000 requests take 251 s to --svg.
+def _tape_of(path: Path, requests: int) -> Path:
+    """A tape of `requests` requests of five records each (a message, stream(), accepted,
+    a token, finished), after the file's own first two lines."""
     lines = _lines()[:2]
     t = 3225.0
-    for i in range(10_000):
+    for i in range(requests):
         rid = f"r{i}"
         lines += [
             json.dumps(["u", t, f"hi {i}", [rid], None]),
@@ -293,15 +293,29 @@ def test_a_tape_of_50k_records_reads_in_seconds(tmp_path: Path) -> None:
             json.dumps(["f", t + 0.02, rid, "stop", 5, 1, 0.01, None, 0.02, 0]),
         ]
         t += 0.03
-    path = tmp_path / "many.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    start = time.process_time()
-    tape = read_tape(path)
-    took = time.process_time() - start
-    assert len(tape.requests) == 10_000
-    assert len(tape.entries) == 50_001
-    # About 1 s here (20 µs a record); quadratic work would take minutes.
-    assert took < 10, f"{took:.1f} s of CPU for 50k records"
+    return path
+
+
+def _cpu_to_read(path: Path, requests: int) -> float:
+    """CPU seconds to read the tape (the best of two), checking it was all read."""
+    best = float("inf")
+    for _ in range(2):
+        start = time.process_time()
+        tape = read_tape(path)
+        best = min(best, time.process_time() - start)
+        assert len(tape.requests) == requests
+        assert len(tape.entries) == 5 * requests + 1
+    return best
+
+
+def test_a_tape_of_50k_records_reads_in_seconds(tmp_path: Path) -> None:
+    # 10,000 requests of five records each: issue 22 saw 100,000 requests take 251 s to
+    # --svg. Ten times the records must cost about ten times the CPU, not a hundred
+    # (quadratic work): a ratio on this machine, not seconds read off one.
+    small = _cpu_to_read(_tape_of(tmp_path / "few.jsonl", 1_000), 1_000)
+    large = _cpu_to_read(_tape_of(tmp_path / "many.jsonl", 10_000), 10_000)
+    assert large < 30 * small, f"5k records in {small:.2f} s of CPU, 50k in {large:.2f} s"
 
 
 # -- hostile sweep files (the F9 overlay) ------------------------------------------------------

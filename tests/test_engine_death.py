@@ -27,8 +27,16 @@ async def one(rid, n=8):
     return last
 
 def die_soon(_engine):
+    # On the step thread: die once the request below waits in the command queue, not yet
+    # registered. Waited for, not slept on: a loaded machine may take a while to queue it.
     import time
-    time.sleep(1.0)  # the request below is queued by now, not yet registered
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with engine._commands.mutex:  # kvscope's own queue (_engine is vLLM's engine)
+            if any(kind == 'add' for kind, _ in engine._commands.queue):
+                report['queued_seen'] = True
+                break
+        time.sleep(0.01)
     raise RuntimeError('simulated fault before registration')
 
 def boom(_engine):
@@ -80,4 +88,5 @@ def test_engine_death_is_reported_and_a_restart_works() -> None:
     assert report["doomed"].startswith("The engine stopped: RuntimeError")
     assert report["after"] == "refused"
     assert report["restarted"] == 8
+    assert report.get("queued_seen"), "the request never reached the command queue"
     assert "simulated fault before registration" in report["queued"]

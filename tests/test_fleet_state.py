@@ -136,13 +136,15 @@ def test_scrapes_over_http_carry_each_replicas_own_credentials() -> None:
         scrapers = FleetScrapers(FleetTracker(fleet), fetch, interval_s=0.05)
         try:
             scrapers.start()
-            deadline = time.monotonic() + 3
+            deadline = time.monotonic() + 10  # 200 scrape intervals
             while time.monotonic() < deadline and scrapers.tracker.state().up < 2:
                 time.sleep(0.02)
         finally:
             scrapers.stop()
             close()
-        row_a = scrapers.tracker.state().row("a")
+        state = scrapers.tracker.state()
+        assert state.up == 2, f"both replicas never scraped: {state.rows}"
+        row_a = state.row("a")
         assert row_a is not None and row_a.health == "up" and row_a.running == 2
         assert a.requests[0][0] == "/metrics"
         assert a.requests[0][1]["Authorization"].startswith("Basic ")

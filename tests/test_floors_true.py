@@ -57,13 +57,15 @@ def test_calibration_is_quick_says_what_it_does_and_reaches_the_float32_rate() -
     import torch  # noqa: F401  (imported before the clock starts: vLLM's process has it)
 
     said: list[str] = []
+    budget_s = 1.0
     start = time.perf_counter()
-    profile = calibrate_cpu(1.0, write_cache=False, progress=said.append)
+    profile = calibrate_cpu(budget_s, write_cache=False, progress=said.append)
     took = time.perf_counter() - start
     print(f"\ncalibrated in {took:.1f} s: {profile.notes}")
-    # About 2 s on an idle 2-core machine; 15 s leaves room for a host loaded 4x over and
-    # still fails the calibration that took minutes on a slow bf16 path.
-    assert took < 15.0, f"calibration took {took:.1f} s for a 1 s budget"
+    # The budget is the calibration's own promise: about twice it on an idle 2-core
+    # machine. Fifteen times it leaves room for a host loaded 4x over and still fails
+    # the calibration that took minutes on a slow bf16 path, on any CPU.
+    assert took < 15 * budget_s, f"calibration took {took:.1f} s for a {budget_s:g} s budget"
     assert any("bandwidth" in s for s in said)
     assert any("matmul" in s for s in said)
     # A bf16-only calibration on a CPU without bf16 units reads 1/100 of this rate. Half

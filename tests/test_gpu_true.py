@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -83,7 +82,6 @@ def test_generate_with_data_parallel_exits_at_once_with_the_advice(tmp_path: Pat
     (tmp_path / "vllm" / "__init__.py").write_text(
         'raise ImportError("kvscope imported vLLM before refusing the input")\n'
     )
-    began = time.monotonic()
     out = subprocess.run(
         [KVSCOPE, "generate", "--max-tokens", "2", "--data-parallel-size", "2"],
         capture_output=True,
@@ -91,14 +89,14 @@ def test_generate_with_data_parallel_exits_at_once_with_the_advice(tmp_path: Pat
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
-    took = time.monotonic() - began
+    # Refused while parsing the flags, before any engine starts: the poisoned vLLM above
+    # proves it (its import would be the one line), whatever the machine's speed.
     assert out.returncode == 1, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("kvscope: Bad value for --data-parallel-size: 2 ranks"), lines
     assert "Traceback" not in out.stderr
-    # Refused while parsing the flags, before any engine starts (a start is 10 s or more).
-    assert took < 60, took
+    assert "kvscope imported vLLM" not in out.stderr
 
 
 # One sample of each GPU start-up failure, in the words the pinned vLLM and torch use.

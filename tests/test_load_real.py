@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import pytest
 from engine_hooks import PoolHeld
 
 from bench.load_result import LoadConfig
@@ -28,14 +29,23 @@ async def test_users_raise_throughput_and_rate_inf_queues(vllm_engine: VllmEngin
     assert one.ok and four.ok, (one.error, four.error)
     assert (one.completed, four.completed) == (2, 4)
     gain = four.output_throughput / one.output_throughput
-    # Four users batch: they share steps, so throughput grows, and ITL grows by less than
-    # the batch (a runner that sent them one after another would gain nothing). How much
-    # is the machine's: on a 2-core AVX2 EPYC, 1 -> 4 users gave x1.5 throughput and
-    # x2.4 ITL (`kvscope bench --concurrency 1,2,4,8`, README), far from the roofline's
-    # weight-bound x4: decode of this small model on this CPU is not bound by the weights.
-    assert gain >= 1.25, (one.output_throughput, four.output_throughput, one.duration_s)
     itl_growth = four.median_itl_ms / one.median_itl_ms
-    assert itl_growth < 4, (one.median_itl_ms, four.median_itl_ms)
+    print(
+        f"\n1 user: {one.output_throughput:.1f} tok/s, ITL {one.median_itl_ms:.1f} ms; "
+        f"4 users: {four.output_throughput:.1f} tok/s, ITL {four.median_itl_ms:.1f} ms"
+    )
+    # Four users batch: they share steps (max_running below), and a step of four costs
+    # less than four steps of one on any machine (the weights are read once, the step's
+    # fixed costs paid once), so ITL grows by less than the batch and throughput grows (a
+    # runner that sent them one after another would gain nothing). How much is the
+    # machine's: x1.5 throughput and x2.4 ITL on a 2-core AVX2 EPYC (README), more on one
+    # with bf16 units; no factor read off one CPU is asserted. What must hold on all is
+    # that the runner's two figures agree: with decode dominating, throughput is users /
+    # ITL, so the gain is about 4 / itl_growth.
+    why = (one.output_throughput, four.output_throughput, one.median_itl_ms, four.median_itl_ms)
+    assert itl_growth < 4, why
+    assert gain > 1, why
+    assert gain == pytest.approx(4 / itl_growth, rel=0.35), why
     assert four.steps is not None and four.steps.max_running == 4
     assert four.steps.source == "steps"
 

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from engine_hooks import SCHEDULING_MODES, PoolHeld, on_step_thread, scheduling
 
-from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
+from engine.events import (
+    GenerationRequest,
+    RequestFinished,
+    SamplingSettings,
+    StepSample,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -161,21 +167,29 @@ async def test_a_decoders_spike_is_another_requests_prefill(
 
 async def _spike_seen(engine: VllmEngine, mode: str) -> None:
     samples: list[StepSample] = []
+    seed = 350 + 10 * SCHEDULING_MODES.index(mode)
+    decoding = asyncio.Event()
+
+    async def decode() -> RequestFinished:
+        ids = engine.synthetic_prompt(16, seed=seed)
+        request = GenerationRequest(
+            f"spike-decoder-{mode}",
+            prompt_token_ids=ids,
+            sampling=SamplingSettings(max_tokens=40, ignore_eos=True),
+        )
+        async for event in engine.stream(request):
+            if isinstance(event, TokenEvent):
+                decoding.set()  # its first token: it decodes from the next step on
+            if isinstance(event, RequestFinished):
+                return event
+        raise AssertionError("the decoder never finished")
+
     remove = engine.add_step_listener(samples.append)
     try:
-        decoder = asyncio.create_task(
-            _run(
-                engine,
-                f"spike-decoder-{mode}",
-                64,
-                40,
-                seed=350 + 10 * SCHEDULING_MODES.index(mode),
-            )
-        )
-        await asyncio.sleep(0.3)
-        long = await _run(
-            engine, f"spike-long-{mode}", 768, 2, seed=351 + 10 * SCHEDULING_MODES.index(mode)
-        )
+        decoder = asyncio.create_task(decode())
+        # Sent once the decoder decodes (not after a time, which a slow prefill outlasts).
+        await asyncio.wait_for(decoding.wait(), timeout=300)
+        long = await _run(engine, f"spike-long-{mode}", 384, 2, seed=seed + 1)
         dec = await decoder
     finally:
         remove()

@@ -291,10 +291,16 @@ async def test_in_the_app_a_growing_reply_costs_one_layout_per_step(
             pilot,
             lambda: reply.primary.received >= 300 and transcript.show_vertical_scrollbar,
             what="300 tokens and a scrollbar",
+            progress=lambda: reply.primary.received,
         )
         await pilot.pause()
         reflows.count = steps = 0
-        await wait_until(pilot, lambda: reply.primary.received >= 1800, 60, "1,800 tokens")
+        await wait_until(
+            pilot,
+            lambda: reply.primary.received >= 1800,
+            what="1,800 tokens",
+            progress=lambda: reply.primary.received,
+        )
         assert steps >= 5
         # Other layouts are rare here (the block map gaining a row); without the
         # transcript's override this was 18 layouts for 8 steps.

@@ -54,7 +54,7 @@ async def playing(pilot: Pilot[int]) -> ReplayScreen:
     """The app's replay, ready to move (its worker waits, paused, at step 0)."""
     main = screen(pilot)
     await wait_until(pilot, lambda: main.bar.position is not None, what="the replay to start")
-    await settle(pilot)
+    await settle(pilot, quiet=False)  # a replay on the real clock moves on its own
     return main
 
 
@@ -173,7 +173,12 @@ async def test_keys_pause_step_rewind_and_reach_the_end(pool: Tape) -> None:
 
         # Space at the end plays the tape again from its start (virtual time: at once).
         await pilot.press("space")
-        await wait_until(pilot, lambda: replay.ended and not replay.paused, what="a replay")
+        await wait_until(
+            pilot,
+            lambda: replay.ended and not replay.paused,
+            what="a replay",
+            progress=lambda: replay.position,
+        )
         await shown(pilot)
         assert len(main.chat.replies()) == 2 and main.chat.replies()[1].done
 
@@ -186,7 +191,12 @@ async def test_keys_pause_step_rewind_and_reach_the_end(pool: Tape) -> None:
         await shown(pilot)
         assert replay.position == where and main.bar.words.endswith("· paused")
         await pilot.press("space")
-        await wait_until(pilot, lambda: replay.ended, what="the end of the tape")
+        await wait_until(
+            pilot,
+            lambda: replay.ended,
+            what="the end of the tape",
+            progress=lambda: replay.position,
+        )
 
 
 async def test_a_rewind_before_the_screen_took_in_the_sends(pool: Tape) -> None:
@@ -221,7 +231,9 @@ async def test_it_plays_on_the_real_clock_at_a_speed_and_quits(pool: Tape) -> No
         await pilot.pause(0.2)
         assert replay.position == where
         await pilot.press("space")
-        await wait_until(pilot, lambda: replay.ended, timeout=60, what="the end")
+        await wait_until(
+            pilot, lambda: replay.ended, what="the end", progress=lambda: replay.position
+        )
         await shown(pilot)
         assert all(r.done for r in main.chat.replies())
         await pilot.press("ctrl+q")  # the replay's shutdown is quick; the app exits

@@ -111,43 +111,79 @@ def make_app(
 
 
 async def wait_until(
-    pilot: Pilot[int], condition: Callable[[], bool], timeout: float = 10.0, what: str = ""
+    pilot: Pilot[int],
+    condition: Callable[[], bool],
+    timeout: float = 10.0,
+    what: str = "",
+    *,
+    progress: Callable[[], object] | None = None,
 ) -> None:
-    """Let the app run until `condition()` holds; fail the test after `timeout` seconds."""
+    """Let the app run until `condition()` holds; fail the test after `timeout` seconds.
+
+    With `progress` (a count that grows as the work goes on: tokens received, a replay's
+    position), `timeout` is how long it may stand still: a loaded machine that is slower
+    but moving is waited for, and one that is stuck fails as soon."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    seen = progress() if progress is not None else None
     while not condition():
+        if progress is not None and (now := progress()) != seen:
+            seen, deadline = now, loop.time() + timeout
         if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
+            still = f" (stuck at {seen!r} for {timeout:g} s)" if progress is not None else ""
+            raise AssertionError(f"timed out waiting for {what or condition}{still}")
         await pilot.pause(0.01)
 
 
-async def engine_ready(pilot: Pilot[int], timeout: float = 30.0) -> None:
+async def engine_ready(pilot: Pilot[int], timeout: float = 30.0, *, quiet: bool = True) -> None:
+    """The engine started and the screen settled (`quiet`: see `settle`)."""
     app = pilot.app
     assert isinstance(app, KvscopeApp)
     main = app.main_screen
     await wait_until(pilot, lambda: main.engine_state != "loading", timeout, "the engine to start")
-    await settle(pilot)
+    await settle(pilot, quiet=quiet)
 
 
-async def settle(pilot: Pilot[int]) -> None:
-    """Wait for the screen to take in everything and redraw it (plots included)."""
+async def settle(pilot: Pilot[int], rounds: int = 40, *, quiet: bool = True) -> None:
+    """Wait for the screen to take in everything and redraw it (plots included), then until
+    the app is quiet: no worker of its own still starting, and the screen the same after
+    one more round of messages, layout, scrolls and a redraw. A snapshot or an assertion
+    after this sees the app's state, not how far a loaded machine got with it. Fails, with
+    the rows that kept changing, when the screen does not come to rest. `quiet=False` for a
+    screen that is meant to move (a replay on the real clock): one round only."""
+    from snapshot_diff import rows_diff, screen_rows
+
     app = pilot.app
     assert isinstance(app, KvscopeApp)
-    await pilot.pause()
-    await app.main_screen.redraw()
-    await pilot.pause()
-    await pilot.wait_for_scheduled_animations()
-    await pilot.pause()
+    before: list[str] = []
+    shot = ""
+    for _ in range(rounds if quiet else 1):
+        await pilot.pause()
+        await app.main_screen.redraw()
+        await pilot.pause()
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        if not quiet:
+            return
+        if any(w.state.name == "PENDING" for w in app.workers):
+            continue
+        # Its text: where every row sits is what a late layout or scroll changes.
+        last, shot = shot, app.export_screenshot()
+        now = screen_rows(shot)
+        if now == before:
+            return
+        before = now
+    raise AssertionError(f"the screen kept changing over {rounds} rounds:\n{rows_diff(last, shot)}")
 
 
-async def reply_done(pilot: Pilot[int], timeout: float = 10.0) -> None:
+async def reply_done(pilot: Pilot[int], timeout: float = 10.0, *, quiet: bool = True) -> None:
+    """The reply finished and the screen settled (`quiet`: see `settle`)."""
     app = pilot.app
     assert isinstance(app, KvscopeApp)
     main = app.main_screen
     await wait_until(pilot, lambda: not main.busy, timeout, "the reply to finish")
     await app.workers.wait_for_complete()
-    await settle(pilot)
+    await settle(pilot, quiet=quiet)
 
 
 async def send_chat(pilot: Pilot[int], text: str) -> None:
