@@ -90,7 +90,7 @@ async def test_the_fleet_view_shows_every_replica_beside_the_routers_session() -
         )
         app = make_app(engine=fleet)
         async with app.run_test(size=WIDE) as pilot:
-            await engine_ready(pilot)
+            await engine_ready(pilot, quiet=False)  # the fleet view scrapes on
             view = app.main_screen.query_one(FleetView)
             await wait_until(
                 pilot,
@@ -98,7 +98,7 @@ async def test_the_fleet_view_shows_every_replica_beside_the_routers_session() -
                 timeout=20,
                 what="both replicas scraped",
             )
-            await settle(pilot)
+            await settle(pilot, quiet=False)
             assert view.display
             console = Console(width=150, record=True)
             console.print(view.render())
@@ -128,10 +128,10 @@ async def test_round_robin_in_the_app_alternates_and_each_footer_says_where() ->
         fleet = FleetEngine(inner, replicas, interval_s=0.05)
         app = make_app(engine=fleet)
         async with app.run_test(size=WIDE) as pilot:
-            await engine_ready(pilot)
+            await engine_ready(pilot, quiet=False)  # the fleet view scrapes on
             for text in ("one", "two"):
                 await send_chat(pilot, text)
-                await reply_done(pilot)
+                await reply_done(pilot, quiet=False)
             footers = [r.footer_text for r in app.main_screen.query(ReplyBlock)]
             assert footers[0].endswith("served by a (kvscope's round robin)"), footers
             assert footers[1].endswith("served by b (kvscope's round robin)"), footers

@@ -60,7 +60,7 @@ async def test_users_turned_up_live_make_points_and_turned_off_stop_the_traffic(
             timeout=30,
             what="a point at 4 users",
         )
-        await settle(pilot)
+        await settle(pilot, quiet=False)  # the load goes on
         line = str(main.controls.query_one("#load-line").render())
         assert "4 users" in line and "tok/s out" in line
         assert main.query_one("#load-plot-box").display
