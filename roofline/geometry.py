@@ -10,8 +10,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import BadOption
-from engine.model_geometry import config_int, read_attention_geometry, text_config
+from engine.model_geometry import (
+    config_int,
+    count_parameters,
+    read_attention_geometry,
+    text_config,
+)
 from engine.sizes import kv_bytes_per_token
 
 if TYPE_CHECKING:
@@ -21,62 +25,11 @@ if TYPE_CHECKING:
 # 2 bytes per weight and per KV element is the default for every geometry.
 DEFAULT_DTYPE_BYTES = 2
 
-# Model types whose attention has biases on q, k and v but not on o (Qwen2's layout).
-_QKV_BIAS_MODEL_TYPES = frozenset({"qwen2"})
-# Model types with a per-head RMSNorm on q and k (weights of head_dim each).
-_QK_NORM_MODEL_TYPES = frozenset({"qwen3"})
-
 
 def count_params_from_hf_config(cfg: Mapping[str, Any]) -> int:
-    """Parameters of a Llama/Qwen2-style decoder, counted from its `config.json`.
-
-    With h = hidden_size, i = intermediate_size, V = vocab_size, n_q = attention heads,
-    n_kv = KV heads, d = head_dim, N = layers:
-
-        embeddings      V * h
-        per layer       q_proj h * n_q*d, k_proj and v_proj h * n_kv*d each, o_proj n_q*d * h
-                        + q/k/v biases n_q*d + 2*n_kv*d   (Qwen2, or attention_bias)
-                        + o bias h                        (attention_bias only, not Qwen2)
-                        + q/k RMSNorm 2*d                 (Qwen3)
-                        + gated MLP 3 * h * i             (gate, up, down projections)
-                        + MLP biases 2*i + h              (mlp_bias only)
-                        + 2 RMSNorms 2 * h
-        final norm      h
-        lm_head         V * h, unless tie_word_embeddings reuses the embedding matrix
-
-    Rotary embeddings have no parameters. Mixture-of-experts configs are refused: one
-    `intermediate_size` does not describe their experts.
-    """
-    cfg = text_config(cfg)
-    if any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
-        raise BadOption(
-            "model config",
-            "mixture-of-experts models are not supported by the roofline parameter count",
-        )
-    h = config_int(cfg, "hidden_size")
-    i = config_int(cfg, "intermediate_size")
-    vocab = config_int(cfg, "vocab_size")
-    attention = read_attention_geometry(cfg)
-    layers, n_q = attention.num_layers, attention.num_attention_heads
-    n_kv, d = attention.num_kv_heads, attention.head_dim
-    model_type = str(cfg.get("model_type", "")).lower()
-    tied = bool(cfg.get("tie_word_embeddings", False))
-
-    attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
-    if model_type in _QKV_BIAS_MODEL_TYPES:
-        attn += n_q * d + 2 * n_kv * d
-    elif cfg.get("attention_bias"):
-        attn += n_q * d + 2 * n_kv * d + h
-    if model_type in _QK_NORM_MODEL_TYPES:
-        attn += 2 * d
-    mlp = 3 * h * i
-    if cfg.get("mlp_bias"):
-        mlp += 2 * i + h
-    per_layer = attn + mlp + 2 * h
-
-    embeddings = vocab * h
-    lm_head = 0 if tied else vocab * h
-    return embeddings + layers * per_layer + h + lm_head
+    """Parameters of a Llama/Qwen2-style decoder, from its `config.json`: the engine's
+    one count (`engine.model_geometry.count_parameters`, which the memory bar uses too)."""
+    return count_parameters(cfg)
 
 
 @dataclass(frozen=True, slots=True)
