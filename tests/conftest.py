@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -53,6 +54,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # one worker: the session's engine, server and fleet start once, and the vLLM
             # model worker keeps its one core while the other worker runs the UI tests.
             item.add_marker(pytest.mark.xdist_group("engine"))
+
+
+# Where each test ran and when (one line per test: worker, start, seconds, test id), for
+# `.ci/run`'s summary of how busy each worker was: which one the suite waited for.
+TIMELINE_ENV = "KVSCOPE_TEST_TIMELINE"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    began = time.time()
+    yield
+    path = os.environ.get(TIMELINE_ENV)
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{worker}\t{began:.3f}\t{time.time() - began:.3f}\t{item.nodeid}\n")
 
 
 @pytest.fixture(autouse=True)
