@@ -49,6 +49,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             name = f"{item.cls.__name__}.{item.originalname}" if item.cls else item.originalname
             if scans[item.path].marks(name):
                 item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("own_engine") is not None:
+            # vLLM only in a subprocess of the test's own: it runs in whichever worker is
+            # free, beside the session's engine (its OpenMP threads on another core).
+            shared = {"vllm_engine", "vllm_server", "real_fleet"} & set(item.fixturenames)
+            if shared:
+                raise pytest.UsageError(
+                    f"{item.nodeid} is marked own_engine but uses {sorted(shared)}"
+                )
+            item.add_marker(pytest.mark.engine)
+            continue
         if item.get_closest_marker("engine") is not None:
             # Under `make test` (pytest-xdist, --dist loadgroup) every engine test runs in
             # one worker: the session's engine, server and fleet start once, and the vLLM

@@ -48,8 +48,16 @@ SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)
 
 
 # -- running kvscope ---------------------------------------------------------------------------
+def _own_core() -> dict[str, str]:
+    # vLLM's automatic binding puts every engine's OpenMP threads on the first cores and
+    # leaves the last one to "other processes": the session's engine computes there, so a
+    # command started beside it (an `own_engine` test in the other worker) takes the last.
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])} if len(cores) > 1 else {}
+
+
 def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **extra}
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **_own_core(), **extra}
     env.pop("KVSCOPE_DEBUG", None)
     if cache is not None:
         env["KVSCOPE_CACHE_DIR"] = str(cache)
@@ -382,7 +390,7 @@ def test_a_read_only_cache_with_a_ready_model_is_used_as_is(
     assert out.stdout.strip() == str(folder / "models" / model_prep.EMBEDDED_MODEL_NAME)
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
     read_only_cache: tuple[Path, list[str]],
 ) -> None:
@@ -455,7 +463,7 @@ def test_a_corrupt_model_folder_is_one_line(tmp_path: Path) -> None:
     one_line(exited(out, 1), "could not start", str(tmp_path / "config.json"), "not a valid JSON")
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_a_prompt_that_is_not_utf8_is_decoded_and_said(cache: Path) -> None:
     # Latin-1 "café" and a stray byte: what a file from another system gives the shell.
     prompt = os.fsdecode(b"caf\xe9 au lait \xff please")
@@ -479,7 +487,7 @@ def test_a_prompt_that_is_not_utf8_is_decoded_and_said(cache: Path) -> None:
     assert len(data["steps"]) == 8
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_bench_with_a_huge_length_measures_the_rest_and_keeps_every_point(
     cache: Path, tmp_path: Path
 ) -> None:
@@ -679,7 +687,7 @@ def test_a_second_ctrl_c_leaves_at_once(cache: Path, long_prefill: LongPrefill) 
     assert clean(out, 130) == [STOPPING, "kvscope: forced exit"]
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_ctrl_c_mid_decode_stops_cleanly(cache: Path) -> None:
     run = Running(cache, *LONG_DECODE)
     run.wait_for_stdout()  # tokens are streaming
@@ -688,7 +696,7 @@ def test_ctrl_c_mid_decode_stops_cleanly(cache: Path) -> None:
     assert clean(out, 130) == [STOPPING]
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_sigterm_mid_decode_stops_cleanly(cache: Path) -> None:
     run = Running(cache, *LONG_DECODE)
     run.wait_for_stdout()
