@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     )
     from engine.fleet.fleet_state import FleetState
     from engine.memory_budget import MemoryBudget
-    from engine.replay.engine import ReplayEngine
 
 
 class RemoteView(Protocol):
@@ -43,6 +42,37 @@ class RemoteView(Protocol):
 
     def new_session(self, session_id: str | None = None) -> str:
         """Start a new chat session: the blocks it caches from now on are coloured by it."""
+        ...
+
+
+class Playback(Protocol):
+    """A tape being played: where it stands, and how to move it.
+
+    A Protocol, not engine/replay's ReplayEngine: the replay room imports this module.
+    """
+
+    @property
+    def position(self) -> int:
+        """StepSamples handed over so far (0..length)."""
+        ...
+
+    @property
+    def length(self) -> int:
+        """StepSamples on the tape."""
+        ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def seek(self, position: int) -> int:
+        """Go to `position` (clamped to the tape); returns where it went."""
         ...
 
 
@@ -96,14 +126,14 @@ class EngineFeatures:
     """The clock the engine stamps its events with, when it is not the real one."""
     remote: RemoteView | None = None
     tape: SessionTape | None = None
-    replay: ReplayEngine | None = None
-    """The tape being played, for the screen that plays it."""
+    replay: Playback | None = None
+    """The tape being played: the engine makes no prompts of its own."""
     step_starts: StepStarts | None = None
+    """Each step announced as it begins (a server's scrapes and a tape have no such moment)."""
     memory: MemoryBudget | None = None
+    """Where the engine's memory went at start-up, by vLLM's own accounting."""
     fleet: FleetWatch | None = None
     """The replicas behind a router (`--replica`), scraped one by one."""
-    """Where the engine's memory went at start-up, by vLLM's own accounting."""
-    """Each step announced as it begins (a server's scrapes and a tape have no such moment)."""
 
     def with_tape(self, tape: SessionTape) -> EngineFeatures:
         return replace(self, tape=tape)
@@ -117,7 +147,7 @@ REMOTE_DEVICE_PREFIX = "remote "
 
 
 def recorded_features(
-    card: ModelCard | None, *, clock: Clock | None, replay: ReplayEngine
+    card: ModelCard | None, *, clock: Clock | None, replay: Playback
 ) -> EngineFeatures:
     """What a tape's samples can show: what the engine that recorded it could."""
     in_process = card is None or not card.device.startswith(REMOTE_DEVICE_PREFIX)

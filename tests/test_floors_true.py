@@ -28,7 +28,7 @@ from roofline.floors import (
 )
 from roofline.hardware import calibrate_cpu, load_geometry
 from tui.estimates import estimate
-from tui.sweep_view_model import floor_cell
+from tui.sweep.prompt_view_model import floor_cell
 
 if TYPE_CHECKING:
     from engine.protocol import Engine

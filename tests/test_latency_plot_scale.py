@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, cast
 from bench.sweep_result import SweepMetrics, SweepPoint
 from tui.figures import ITL_MARK, ITL_STRIP, LOG_LABEL, TTFT_MARK, TTFT_STRIP, latency_figure
 from tui.plotting import Figure, PlotJob, build_plot
-from tui.sweep_view_model import sweep_figures
-from tui.telemetry import LatencyPoint
+from tui.sweep.prompt_view_model import sweep_figures
+from tui.telemetry.buffers import LatencyPoint
 
 if TYPE_CHECKING:
-    from tui.telemetry import Telemetry
+    from tui.telemetry.buffers import Telemetry
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 WIDTH, HEIGHT = 56, 14  # room for two strips of 4 rows or more

@@ -32,8 +32,8 @@ from tui_helpers import (
 from engine.events import EmulationInfo
 from engine.fake import REPLY, FakeConfig, FakeEngine
 from tui.figures import ITL_MARK, TTFT_MARK, latency_figure
-from tui.host_watch import HostWatch
 from tui.screens.shutdown import SHUTTING_DOWN, ShuttingDownScreen
+from tui.telemetry.host_watch import HostWatch
 from tui.widgets.controls_panel import concurrency_cap
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.plot import Plot

@@ -16,8 +16,8 @@ from tui_helpers import NARROW, WIDE, engine_ready, make_app, reply_done, settle
 from engine.events import RequestBlocks, RequestWork, StepSample, TokenEvent
 from engine.fake import FakeConfig
 from tui.app import KvscopeApp
-from tui.host_watch import HostWatch
-from tui.telemetry import Telemetry
+from tui.telemetry.buffers import Telemetry
+from tui.telemetry.host_watch import HostWatch
 from tui.widgets.copies_table import CopyState, copies_table
 from tui.widgets.prompt_length_slider import consequences, walls_for
 

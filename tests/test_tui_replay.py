@@ -21,7 +21,7 @@ from engine.tape import Tape, read_tape
 from tui.app import KvscopeApp
 from tui.screens.help import HelpScreen
 from tui.screens.replay import ReplayScreen
-from tui.screens.sweep import SweepScreen
+from tui.sweep.screen import SweepScreen
 from tui.widgets.engine_panel import HOST_CHECK_S
 from tui.widgets.kv_block_map import USED
 

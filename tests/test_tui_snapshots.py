@@ -104,7 +104,7 @@ async def _sweep_with_a_compare_file(pilot: Pilot[int]) -> None:
     """The sweep screen before any run, with a `bench --compare` file loaded (F9)."""
     from textual.widgets import Input
 
-    from tui.screens.sweep import SweepScreen
+    from tui.sweep.screen import SweepScreen
 
     await engine_ready(pilot)
     await pilot.press("f5")

@@ -14,15 +14,15 @@ from tui_helpers import HoldingClock, engine_ready, make_app, wait_until
 from bench.sweep_files import SavedSweep, SweepFileError, load_saved_sweeps
 from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
 from engine.events import ModelCard
-from tui.screens.sweep import SweepScreen
-from tui.sweep_overlay import OVERLAY_ROLE, Overlay, ratio_line
-from tui.sweep_view_model import (
+from tui.sweep.overlay import OVERLAY_ROLE, Overlay, ratio_line
+from tui.sweep.prompt_view_model import (
     default_prompt_lens,
     eta_seconds,
     parse_lens,
     run_label,
     sweep_figures,
 )
+from tui.sweep.screen import SweepScreen
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:

@@ -18,13 +18,13 @@ from textual.content import Content
 from textual.widgets import DataTable, Input, ProgressBar, Static
 from tui_helpers import NARROW, WIDE, HoldingClock, engine_ready, make_app, wait_until
 
-import tui.screens.sweep as sweep_module
+import tui.sweep.screen as sweep_module
 from bench.load_result import LoadPoint
 from bench.load_runner import LoadTick
 from bench.sweep_files import SavedLoad, load_saved
 from engine.fake import FakeConfig, FakeEngine
 from tui.load_figure import POINT_MARK, load_points_figure
-from tui.load_sweep_view_model import (
+from tui.sweep.load_view_model import (
     LoadForm,
     LoadProgress,
     done_words,
@@ -33,8 +33,8 @@ from tui.load_sweep_view_model import (
     read_load_form,
     result_cell,
 )
-from tui.screens.sweep import SweepScreen
-from tui.sweep_overlay import OVERLAY_ROLE
+from tui.sweep.overlay import OVERLAY_ROLE
+from tui.sweep.screen import SweepScreen
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from engine.fake import FakeConfig
 from tui.app import KvscopeApp
 from tui.figures import itl_figure
 from tui.screens.help import HelpScreen
-from tui.telemetry import Telemetry
+from tui.telemetry.buffers import Telemetry
 from tui.widgets.plot import Plot
 from tui.widgets.request_timeline import (
     GLYPHS,

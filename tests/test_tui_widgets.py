@@ -18,11 +18,11 @@ from engine.events import EmulationInfo, ModelCard, RequestBlocks
 from themes import all_themes
 from tui import axes
 from tui.figures import QUEUED_MARK, itl_figure, kv_figure, latency_figure
-from tui.host_watch import HostWatch
 from tui.plotting import Figure, PlotJob, Series, build_plot, envelope
-from tui.request_status import RequestTrack, status_of
 from tui.settings import CONFIG_DIR_ENV, AppSettings, config_dir
-from tui.telemetry import LatencyPoint, Telemetry
+from tui.telemetry.buffers import LatencyPoint, Telemetry
+from tui.telemetry.host_watch import HostWatch
+from tui.telemetry.request_status import RequestTrack, status_of
 from tui.widgets import STYLESHEETS
 from tui.widgets.controls_panel import concurrency_cap
 from tui.widgets.count_stepper import CountStepper

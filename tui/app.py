@@ -13,6 +13,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 
 from engine.paths import open_private, private_dir, write_private
+from engine.replay import ReplayEngine
 from themes import all_themes
 from tui.gc_pauses import GcPolicy
 from tui.plotting import PlotRenderer
@@ -20,7 +21,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.main import MainScreen
 from tui.screens.replay import ReplayScreen
 from tui.settings import DEFAULT_THEME, AppSettings
-from tui.telemetry import Telemetry
+from tui.telemetry.buffers import Telemetry
 from tui.widgets import STYLESHEETS
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class KvscopeApp(App[int]):
     at import time; the engine is started by the main screen, in a thread worker.
 
     Args:
-        engine: What to drive, through its `Engine` protocol; a replay's controls via `features`.
+        engine: What to drive, through its `Engine` protocol; a ReplayEngine gets the
+            replay screen.
         settings: Remembered choices; read from the user's config folder when None.
         script: A start-up script, run as a worker once the app is mounted (the CLI's
             scripted demo is one); it drives the app as a user would.
@@ -75,11 +77,11 @@ class KvscopeApp(App[int]):
         self.telemetry = Telemetry()
         self.renderer = PlotRenderer()
         blink = self.settings.cursor_blink
-        # A tape plays into the same panels, on a screen that takes no input.
-        replay = engine.features.replay
+        # A tape plays into the same panels, on a screen that takes no input. The engine's
+        # own type says so: `kvscope replay` hands the app the ReplayEngine itself.
         self._main = (
-            ReplayScreen(replay, self.telemetry, self.renderer, cursor_blink=blink)
-            if replay is not None
+            ReplayScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
+            if isinstance(engine, ReplayEngine)
             else MainScreen(engine, self.telemetry, self.renderer, cursor_blink=blink)
         )
         self._shown_theme = DEFAULT_THEME
@@ -233,11 +235,16 @@ class KvscopeApp(App[int]):
             self.push_screen(HelpScreen())
 
     def action_sweep(self) -> None:
-        from tui.screens.sweep import SweepScreen
+        from tui.sweep.screen import SweepScreen
 
         if not isinstance(self.screen, SweepScreen):
             self.push_screen(
-                SweepScreen(self.engine, self.renderer, cursor_blink=self.settings.cursor_blink)
+                SweepScreen(
+                    self.engine,
+                    self.renderer,
+                    host=self.telemetry.host,
+                    cursor_blink=self.settings.cursor_blink,
+                )
             )
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:

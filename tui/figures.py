@@ -15,7 +15,7 @@ from typing import Literal
 from engine.stats import percentile
 from tui import axes
 from tui.plotting import Figure, Rule, Series, envelope, log10_series, strip_data_rows
-from tui.telemetry import KV_WINDOW_S, LatencyPoint, Telemetry
+from tui.telemetry.buffers import KV_WINDOW_S, LatencyPoint, Telemetry
 
 # Glyphs of the latency plot: each series its own, so they read apart without colour.
 TTFT_MARK = "•"

@@ -48,6 +48,17 @@ def count(n: int, singular: str, plural: str | None = None) -> str:
     return f"{n:,} {word}"
 
 
+def percent(share: float | None) -> str:
+    """A share (0..1) as a whole percentage, "73%"; a dash when it is not known yet."""
+    return "–" if share is None else f"{share:.0%}"
+
+
+def waiting(by_reason: tuple[tuple[str, int], ...], total: int) -> str:
+    """Requests waiting, and why where the server says so: "7 (7 capacity)"."""
+    reasons = ", ".join(f"{n} {why}" for why, n in by_reason if n)
+    return f"{total}" + (f" ({reasons})" if reasons else "")
+
+
 def duration(seconds: float) -> str:
     """A wait in words a person reads at a glance: "40 s", "3 min", "1 h 5 min"."""
     if seconds < 60:

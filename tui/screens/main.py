@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from engine.protocol import Engine
     from tui.gc_pauses import GcPolicy
     from tui.plotting import PlotRenderer
-    from tui.request_status import RequestStatus
-    from tui.telemetry import Telemetry
+    from tui.telemetry.buffers import Telemetry
+    from tui.telemetry.request_status import RequestStatus
     from tui.widgets.reply_block import ReplyBlock
 
 REDRAW_HZ = 20  # the chat and the engine panel each redraw at half this

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from engine.events import GenerationRequest
     from engine.replay import ReplayedSend, ReplayEngine, ReplayPosition
     from tui.plotting import PlotRenderer
-    from tui.telemetry import Telemetry
+    from tui.telemetry.buffers import Telemetry
 
 SEEK = Binding.Group("Seek")
 

@@ -15,7 +15,7 @@ from tui.widgets.reply_footer import REASONS, footer_line
 
 if TYPE_CHECKING:
     from engine.events import RequestFinished
-    from tui.request_status import RequestStatus
+    from tui.telemetry.request_status import RequestStatus
 
 PER_COPY_ROWS = 3
 """Up to this many extra copies get a line each; more are counted and summed up."""

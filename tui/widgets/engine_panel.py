@@ -16,9 +16,9 @@ from tui import figures
 from tui import format as fmt
 from tui.live_load import LiveLoad, knee
 from tui.load_figure import POINT_MARK, ROOF_MARK, load_figure
-from tui.preemption import preemption_words
-from tui.request_status import elapsed_words
-from tui.telemetry import KV_WINDOW_S
+from tui.telemetry.buffers import KV_WINDOW_S
+from tui.telemetry.preemption import preemption_words
+from tui.telemetry.request_status import elapsed_words
 from tui.widgets.box_titles import retitle
 from tui.widgets.fleet_view import FleetView
 from tui.widgets.gpu_telemetry_line import GpuTelemetryLine
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from textual.app import ComposeResult
 
     from engine.features import FleetWatch
-    from tui.host_watch import HostWarning
     from tui.plotting import PlotRenderer
-    from tui.telemetry import Telemetry
+    from tui.telemetry.buffers import Telemetry
+    from tui.telemetry.host_watch import HostWarning
 
 HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
 

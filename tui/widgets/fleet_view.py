@@ -28,15 +28,6 @@ if TYPE_CHECKING:
 COLUMNS = ("replica", "health", "run", "wait", "KV", "hits", "in/s", "out/s", "pre", "scrape")
 
 
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{value:.0%}"
-
-
-def _waiting(pairs: tuple[tuple[str, int], ...], total: int) -> str:
-    reasons = ", ".join(f"{n} {why}" for why, n in pairs if n)
-    return f"{total}" + (f" ({reasons})" if reasons else "")
-
-
 def _age(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds:.1f} s ago"
 
@@ -96,9 +87,9 @@ class FleetView(Widget):
             f"  {replica}/{rank.engine}",
             "",
             str(rank.running),
-            _waiting(rank.waiting_by_reason, rank.waiting),
+            fmt.waiting(rank.waiting_by_reason, rank.waiting),
             f"{rank.kv_usage:.0%}",
-            _pct(rank.prefix_cache_hit_rate),
+            fmt.percent(rank.prefix_cache_hit_rate),
             f"{rank.prompt_tokens_per_s:,.0f}",
             f"{rank.generation_tokens_per_s:,.0f}",
             str(rank.preemptions),
@@ -132,9 +123,9 @@ class FleetView(Widget):
                 row.name,
                 self._health(row),
                 str(row.running),
-                _waiting(row.waiting_by_reason, row.waiting),
+                fmt.waiting(row.waiting_by_reason, row.waiting),
                 f"{row.kv_usage:.0%}",
-                _pct(row.prefix_cache_hit_rate),
+                fmt.percent(row.prefix_cache_hit_rate),
                 f"{row.prompt_tokens_per_s:,.0f}",
                 f"{row.generation_tokens_per_s:,.0f}",
                 str(row.preemptions),

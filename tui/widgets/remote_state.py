@@ -32,20 +32,11 @@ STALE_AFTER_S = 10.0
 """No scrape for this long: the panel says the server does not answer."""
 
 
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{value:.0%}"
-
-
 def _hist(h: HistogramDelta) -> str:
     """p50 / p99 of a server histogram since attach, or a dash before any observation."""
     if not h.count:
         return "–"
     return f"p50 {fmt.ms(h.quantile(0.5))} · p99 {fmt.ms(h.quantile(0.99))} ({h.count:,})"
-
-
-def _waiting(pairs: tuple[tuple[str, int], ...], total: int) -> str:
-    reasons = ", ".join(f"{n} {why}" for why, n in pairs if n)
-    return f"{total}" + (f" ({reasons})" if reasons else "")
 
 
 def _occupancy(sample: ScrapeSample, width: int) -> Text:
@@ -157,10 +148,10 @@ class RemoteStateView(Widget):
                 table.add_row(
                     row.engine,
                     str(row.running),
-                    _waiting(row.waiting_by_reason, row.waiting),
+                    fmt.waiting(row.waiting_by_reason, row.waiting),
                     f"{row.kv_usage:.0%}",
                     str(row.preemptions),
-                    _pct(row.prefix_cache_hit_rate),
+                    fmt.percent(row.prefix_cache_hit_rate),
                     f"{row.prompt_tokens_per_s:,.0f}",
                     f"{row.generation_tokens_per_s:,.0f}",
                 )

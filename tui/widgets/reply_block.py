@@ -19,7 +19,7 @@ from textual.widgets import Label, Static
 
 from engine.visible_text import visible
 from tui import format as fmt
-from tui.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
+from tui.telemetry.request_status import PHASE_ORDER, PHASE_WORDS, RequestStatus
 from tui.widgets.copies_table import PER_COPY_ROWS, CopyState, copies_table
 from tui.widgets.field_line import FieldLine
 from tui.widgets.folded_reply import FoldedReply, folded_renderable
@@ -222,7 +222,7 @@ class ReplyBlock(SingleLayout, Vertical):
         return ReplySummary(self.text, self.primary.error is not None)
 
     def where(self, copy: CopyState) -> RequestStatus:
-        """Where a copy is, in the one vocabulary (see tui/request_status.py)."""
+        """Where a copy is, in the one vocabulary (see tui/telemetry/request_status.py)."""
         if copy.done:
             return RequestStatus("done", "done")
         return self.status_of(copy.request_id, copy.accepted)

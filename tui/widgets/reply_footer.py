@@ -9,7 +9,7 @@ from rich.text import Text
 
 from engine.stats import percentile
 from tui import format as fmt
-from tui.token_explainer import anatomy_parts
+from tui.telemetry.token_explainer import anatomy_parts
 from tui.widgets.field_line import SEPARATOR, FieldLine, pack
 
 if TYPE_CHECKING:

@@ -28,14 +28,14 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from tui import format as fmt
-from tui.timeline import SegmentKind, TimelineRow, iter_window
+from tui.telemetry.timeline import SegmentKind, TimelineRow, iter_window
 from tui.widgets.box_titles import retitle
 from tui.widgets.plot import Plot
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
 
-    from tui.telemetry import Telemetry
+    from tui.telemetry.buffers import Telemetry
 
 GLYPHS: dict[SegmentKind, str] = {
     "queued": "░",

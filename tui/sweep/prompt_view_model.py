@@ -12,12 +12,12 @@ from roofline.floors import floor_share_words
 from tui import axes
 from tui.figures import LOG_LABEL
 from tui.plotting import Figure, Series, log10_series
-from tui.sweep_overlay import overlay_series
+from tui.sweep.overlay import overlay_series
 
 if TYPE_CHECKING:
     from bench.sweep_result import SweepPoint
     from engine.events import ModelCard
-    from tui.sweep_overlay import Overlay
+    from tui.sweep.overlay import Overlay
 
 KEY = "[$primary]·[/] each run  [$primary]•[/] mean  [$success]▫[/] roofline floor"
 KEY_ITL = (

@@ -32,10 +32,10 @@ from engine.paths import private_dir, write_private
 from engine.stats import percentile
 from tui import format as fmt
 from tui.live_load import load_ceiling
-from tui.load_sweep_results import LoadSweepResults
-from tui.load_sweep_view_model import LoadForm, LoadProgress, done_words, read_load_form
-from tui.sweep_overlay import LoadOverlay, Overlay, overlay_text
-from tui.sweep_view_model import (
+from tui.sweep.load_results import LoadSweepResults
+from tui.sweep.load_view_model import LoadForm, LoadProgress, done_words, read_load_form
+from tui.sweep.overlay import LoadOverlay, Overlay, overlay_text
+from tui.sweep.prompt_view_model import (
     KEY,
     KEY_ITL,
     RunPoint,
@@ -46,7 +46,7 @@ from tui.sweep_view_model import (
     run_label,
     sweep_figures,
 )
-from tui.tapped_engine import TappedEngine
+from tui.sweep.tapped_engine import TappedEngine
 from tui.widgets.plot import Plot
 from tui.widgets.pruned_footer import PrunedFooter
 
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from bench.load_runner import Ceiling, LoadTick
     from engine.events import RequestFinished
     from engine.protocol import Engine
-    from tui.host_watch import HostWatch
     from tui.plotting import PlotRenderer
+    from tui.telemetry.host_watch import HostWatch
 
 
 def sweeps_folder() -> Path:
@@ -90,7 +90,7 @@ LOAD_FIELDS = (
 class SweepScreen(Screen[None]):
     """Runs `bench.sweep.run_sweep` in a worker; points are drawn as they come in."""
 
-    CSS_PATH = "sweep.tcss"
+    CSS_PATH = "screen.tcss"
     # Narrow (80x24): the form, the plots and the whole table one under the other, in
     # one scrolling column, instead of a table cut to a few rows and columns.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
@@ -133,11 +133,18 @@ class SweepScreen(Screen[None]):
         tick: LoadTick
 
     def __init__(
-        self, engine: Engine, renderer: PlotRenderer, *, cursor_blink: bool = True
+        self,
+        engine: Engine,
+        renderer: PlotRenderer,
+        *,
+        host: HostWatch | None = None,
+        cursor_blink: bool = True,
     ) -> None:
         super().__init__()
         self.engine = engine
         self.renderer = renderer
+        self.host_watch = host
+        """The app's busy-host watch (the chat's steps feed it); None: no host line."""
         self.cursor_blink = cursor_blink
         self.config: SweepConfig | None = None
         self.points: list[SweepPoint] = []
@@ -556,21 +563,13 @@ class SweepScreen(Screen[None]):
         )
         self._version += 1
 
-    def host_watch(self) -> HostWatch | None:
-        """The app's busy-host watch: the sweep's steps feed it as the chat's do."""
-        from tui.app import KvscopeApp  # the app module imports this one
-
-        app = self.app
-        return app.telemetry.host if isinstance(app, KvscopeApp) else None
-
     def _show_host(self) -> None:
         # A busy host spoils a sweep more than a chat: its points are the measurement.
         now = time.monotonic()
         if now - self._host_checked < 1.0:
             return
         self._host_checked = now
-        host = self.host_watch()
-        warning = host.warning() if host is not None else None
+        warning = self.host_watch.warning() if self.host_watch is not None else None
         box = self.query_one("#sweep-host", Static)
         box.display = warning is not None
         if warning is not None:

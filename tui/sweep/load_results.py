@@ -13,8 +13,8 @@ from textual.widgets import DataTable, Static
 from tui import format as fmt
 from tui.live_load import knee
 from tui.load_figure import POINT_MARK, ROOF_MARK, load_points_figure
-from tui.load_sweep_view_model import batch_cell, number, point_notes, result_cell
-from tui.sweep_overlay import load_overlay_text
+from tui.sweep.load_view_model import batch_cell, number, point_notes, result_cell
+from tui.sweep.overlay import load_overlay_text
 from tui.widgets.box_titles import retitle
 from tui.widgets.plot import Plot
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from bench.load_result import LoadPoint
     from tui.plotting import PlotRenderer
-    from tui.sweep_overlay import LoadOverlay
+    from tui.sweep.overlay import LoadOverlay
 
 TITLE = "Load: output tok/s vs median ITL"
 COLUMNS = (

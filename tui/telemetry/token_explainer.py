@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from engine.events import RequestFinished, TtftAnatomy
-    from tui.host_watch import HostWatch
-    from tui.timeline import StepRecord, Timeline
+    from tui.telemetry.host_watch import HostWatch
+    from tui.telemetry.timeline import StepRecord, Timeline
 
 
 class TokenMark(NamedTuple):

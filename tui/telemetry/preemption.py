@@ -17,8 +17,8 @@ from tui import format as fmt
 
 if TYPE_CHECKING:
     from engine.events import StepSample
-    from tui.request_status import RequestTrack
-    from tui.timeline import Timeline
+    from tui.telemetry.request_status import RequestTrack
+    from tui.telemetry.timeline import Timeline
 
 
 @dataclass(frozen=True)

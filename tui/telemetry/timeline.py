@@ -2,7 +2,7 @@
 
 Each request's row is a run of segments (queued, prefill chunk, decode, preempted), and
 the recent steps' per-request work is kept beside them, from which the token explainer
-(tui/token_explainer.py) names why one token waited. The widget that draws it is
+(token_explainer.py) names why one token waited. The widget that draws it is
 tui/widgets/request_timeline.py.
 """
 

@@ -9,9 +9,9 @@ the KV plot's "now" all describe the same step. The engines send a last idle sam
 their last request ends or is aborted, so an idle engine is shown as idle everywhere.
 
 `Telemetry` is the aggregate the panels are given: beside its own buffers it holds the
-request `Timeline` (tui/timeline.py), the `HostWatch` (tui/host_watch.py) and the tracked
-reply's tokens, from which the token explainer (tui/token_explainer.py) names why one
-token waited.
+request `Timeline` (timeline.py, beside this module), the `HostWatch` (host_watch.py) and
+the tracked reply's tokens, from which the token explainer (token_explainer.py) names why
+one token waited.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.stats import percentile
-from tui.host_watch import HostWatch
-from tui.preemption import Preemption, cost_of, observe
-from tui.request_status import RequestStatus, RequestTrack, RequestTracker
-from tui.timeline import Timeline
-from tui.token_explainer import TokenMark, explain_token
+from tui.telemetry.host_watch import HostWatch
+from tui.telemetry.preemption import Preemption, cost_of, observe
+from tui.telemetry.request_status import RequestStatus, RequestTrack, RequestTracker
+from tui.telemetry.timeline import Timeline
+from tui.telemetry.token_explainer import TokenMark, explain_token
 
 if TYPE_CHECKING:
     from engine.events import (
@@ -85,7 +85,7 @@ class Telemetry:
         self.points: deque[LatencyPoint] = deque(maxlen=points)
         self.preemptions_total = 0
         self.preemption: Preemption | None = None
-        """The latest preemption, explained (tui/preemption.py); kept until the next one."""
+        """The latest preemption, explained (preemption.py); kept until the next one."""
         self.preemption_t: float | None = None  # its time on the KV plot's clock
         self._victim_token_at: float | None = None  # the victim's next token, once seen
         self.t0: float | None = None

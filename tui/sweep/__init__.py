@@ -1,0 +1,7 @@
+"""The sweep (F5): one screen that measures TTFT and ITL over prompt lengths, or
+throughput and latency over load levels, and exports what it measured.
+
+`screen` is the screen; `prompt_view_model` and `load_view_model` are its two modes as
+pure functions; `load_results` is the load mode's plot and table; `overlay` draws a saved
+sweep over the live one; `tapped_engine` reports each finished request as it ends.
+"""
