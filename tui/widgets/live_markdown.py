@@ -22,8 +22,6 @@ Here the reply is one Line-API widget that keeps its own rendered lines:
 from __future__ import annotations
 
 import math
-import time
-from typing import TYPE_CHECKING
 
 from rich.markdown import Markdown as RichMarkdown
 from rich.segment import Segment
@@ -34,9 +32,6 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.widgets.single_layout import SingleLayout
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 RESERVE_START = 4
 """Empty lines kept under the streaming text at first."""
@@ -150,8 +145,6 @@ class LiveMarkdown(SingleLayout, Widget):
     }
     """
 
-    clock: Callable[[], float] = staticmethod(time.monotonic)
-
     def __init__(
         self, *, name: str | None = None, id: str | None = None, classes: str | None = None
     ) -> None:
@@ -163,6 +156,7 @@ class LiveMarkdown(SingleLayout, Widget):
         self._stable: list[list[Segment]] = []  # the finished blocks' lines, at _width
         self._live: list[list[Segment]] = []  # the last block's lines, at _width
         self._reserved = 0
+        self._step_owed: float | None = None  # text came before the first layout, at this time
         self._step_lines = RESERVE_START
         self._last_step: tuple[float, int] | None = None  # when, and the text's lines then
         self._line_style = Style()
@@ -179,8 +173,11 @@ class LiveMarkdown(SingleLayout, Widget):
         return self._reserved
 
     # -- growing ---------------------------------------------------------------------------
-    def append_live(self, markdown: str) -> None:
-        """Append `markdown`: repaint the rows it changed, or lay out for a new step."""
+    def append_live(self, markdown: str, made_at: float) -> None:
+        """Append `markdown`, whose last token the engine made at `made_at` (its own clock):
+        repaint the rows it changed, or lay out for a new step. The reserve follows the
+        engine's pace, not when the UI drew: the same stream gets the same room on any
+        machine, and a test on a virtual clock draws the same screen every run."""
         if not markdown:
             return
         self._text += markdown
@@ -190,7 +187,10 @@ class LiveMarkdown(SingleLayout, Widget):
         self._blocks += finished
         width = self._width
         if not width:
-            self.refresh(layout=True)  # not laid out yet: get_content_height renders
+            # Not laid out yet: get_content_height renders, and takes the step then, so
+            # the reserve does not depend on whether text came before the first layout.
+            self._step_owed = made_at
+            self.refresh(layout=True)
             return
         for block in finished:
             self._stable += self._separated(self._render_markdown(block, width))
@@ -198,15 +198,19 @@ class LiveMarkdown(SingleLayout, Widget):
             self._code_chunks = []
         self._live = self._separated(self._render_live(width))
         lines = self.text_lines
-        if lines >= self._reserved - 1:  # keep at least one empty row ahead of the text
-            self._reserved = lines + self._next_step()
+        if self._step_due():
+            self._reserved = lines + self._next_step(made_at)
             self.refresh(layout=True)
         else:
             rows = max(lines, before) - first_changed
             self.refresh(Region(0, first_changed, width, rows))
 
+    def _step_due(self) -> bool:
+        return self.text_lines >= self._reserved - 1  # at least one empty row ahead
+
     def settle(self) -> None:
         """The reply ended: the widget back to the height of its text."""
+        self._step_owed = None
         if self._reserved:
             self._reserved = 0
             self.refresh(layout=True)
@@ -214,11 +218,11 @@ class LiveMarkdown(SingleLayout, Widget):
     def _live_source(self) -> str:
         return self._text[self._splitter.stable_end :]
 
-    def _next_step(self) -> int:
+    def _next_step(self, now: float) -> int:
         """Rows of room for the next `STEP_EVERY_S` at the rate the text has been growing,
         so a fast stream lays out every two seconds or so and a slow one keeps a line or
         two of room; never more than half the screen."""
-        now, lines = self.clock(), self.text_lines
+        lines = self.text_lines
         if self._last_step is not None:
             then, lines_then = self._last_step
             rate = (lines - lines_then) / max(now - then, 1e-3)
@@ -294,6 +298,10 @@ class LiveMarkdown(SingleLayout, Widget):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         if width != self._width:
             self._rerender(width)
+        if self._step_owed is not None and width > 0:
+            if self._step_due():
+                self._reserved = self.text_lines + self._next_step(self._step_owed)
+            self._step_owed = None
         return max(self.text_lines, self._reserved)
 
     def render_lines(self, crop: Region) -> list[Strip]:

@@ -98,6 +98,7 @@ class ReplyBlock(SingleLayout, Vertical):
         self.status_of: StatusSource = status or _no_status
         self._text_parts: list[str] = []
         self._flushed = 0  # how many of _text_parts the Markdown widget has been given
+        self._made_at = 0.0  # when the engine made the newest token shown (its clock)
         self._dirty = True
         self._latency_mode = False
         self.copies_text: list[str] = []
@@ -179,6 +180,7 @@ class ReplyBlock(SingleLayout, Vertical):
             return
         text = visible(event.text)  # a model's ESC[2J is shown, not obeyed
         self._text_parts.append(text)
+        self._made_at = event.time_s
         self.tokens.append(TimedToken(text, event.latency_s, len(self.tokens)))
         # Shown by the next `tick()`: each append re-wraps the growing paragraph and moves
         # the transcript, so doing it per token would cost a full re-layout per token.
@@ -312,7 +314,7 @@ class ReplyBlock(SingleLayout, Vertical):
         if self._latency_mode:
             self.query_one(TokenLatencyView).sync()
         if fresh:
-            self.query_one(".reply-markdown", LiveMarkdown).append_live(fresh)
+            self.query_one(".reply-markdown", LiveMarkdown).append_live(fresh, self._made_at)
 
     async def tick(self) -> None:
         """Show what arrived since the last tick; the screen's timer calls this ~15 times a
