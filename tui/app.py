@@ -125,7 +125,7 @@ class KvscopeApp(App[int]):
                 title="Theme",
                 severity="warning",
             )
-        # The palette offers kvscope's themes only (the README's three): Textual's own are
+        # The palette offers kvscope's themes only (three, docs/playground.md): Textual's own are
         # not tuned for the block map's colours. Textual keeps "textual-ansi" for
         # terminals limited to ANSI colours.
         ours = {t.name for t in all_themes()}

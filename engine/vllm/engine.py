@@ -682,8 +682,8 @@ def refusal(
 
 
 def scheduling_words(async_on: bool, depth: int, *, on_cpu: bool) -> str:
-    """The model card's line on how steps relate to batches (see the README's "On a GPU
-    box"): each step's sample describes the batch whose tokens it hands out, in any mode."""
+    """The model card's line on how steps relate to batches (see docs/gpu.md, "What differs on a
+    GPU"): each step's sample describes the batch whose tokens it hands out, in any mode."""
     if async_on:
         return f"async scheduling on: {depth} batches in flight, tokens a step behind"
     off = (
