@@ -570,16 +570,17 @@ def _step_view(taps: _Taps, start: float, done: list[_Sent]) -> tuple[StepView |
     if steps:
         total = sum(s.duration_s for s in steps)
         waiting = [s for s in steps if s.waiting > 0]
-        kv_short = 0
         sent_at = {s.request.request_id: start + s.sent_s for s in done if s.finished is not None}
         need = {
             s.request.request_id: len(s.request.prompt_token_ids or ()) for s in done
         }  # fmt: skip
-        for s in waiting:
-            head = s.waiting_ids[0] if s.waiting_ids else None
-            blocks = -(-need.get(head or "", 0) // max(s.block_size, 1))
-            if head is not None and s.free_blocks < blocks:
-                kv_short += 1
+        # A waiting step is short of KV when the queue's head (the request the scheduler
+        # admits next) does not fit. A head this point did not send, or one without token
+        # IDs, counts as 0 tokens, so it never blames the pool: the step counts as
+        # budget-bound, as it always has.
+        kv_short = sum(
+            1 for s in waiting if s.waiting_ids and s.short_of_kv(need.get(s.waiting_ids[0], 0))
+        )
         view = _occupancy(
             "steps",
             steps,

@@ -5,18 +5,15 @@
 
 from __future__ import annotations
 
+from engine.byte_size import in_unit
 from engine.sizes import GIB
-
-
-def _gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
 
 
 def _size(n: int) -> str:
     """A byte count a reader can check: GiB with the exact bytes, or plain bytes when a
     GiB figure would round to 0.00 and hide the number that explains the error."""
     if n >= GIB // 100:
-        return f"{_gib(n)} ({n:,} bytes)"
+        return f"{in_unit(n, 'GiB', 2)} ({n:,} bytes)"
     return f"{n:,} byte" + ("" if n == 1 else "s")
 
 

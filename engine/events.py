@@ -262,6 +262,18 @@ class StepSample:
     # None where the engine does not say (no prefix caching, a server, an older tape).
     block_cache: BlockCacheState | None = None
 
+    def blocks_for(self, tokens: int) -> int:
+        """The blocks `tokens` tokens of KV fill at this step's block size, rounded up (in
+        whole numbers, so a long prompt never loses a block to float rounding)."""
+        return -(-tokens // max(self.block_size, 1))
+
+    def short_of_kv(self, tokens: int) -> bool:
+        """Whether a waiting request with a `tokens`-token prompt waits for KV blocks: fewer
+        are free than its prompt fills. Otherwise it waits on the scheduler's token budget.
+        The engine never says which; this is the one place kvscope decides it (the live
+        request footer and the load bench's KV-bound share both ask here)."""
+        return self.free_blocks < self.blocks_for(tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:

@@ -15,14 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.byte_size import figure, in_unit
 from engine.errors import BadOption
 from engine.model_geometry import count_parameters
+from engine.sizes import GIB as GIB  # re-exported: the tests size their budgets in it
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-GIB = 1024**3
-MIB = 1024**2
 
 # How far vLLM's weights figure may stray from parameters x dtype size before the config's
 # figure is shown instead. Loose on purpose: the count knows Llama/Qwen-style layers only
@@ -76,7 +75,7 @@ def choose_weights(
     if not reported:
         return expected, f"{config.words()}: {reported_by} gave none"
     return expected, (
-        f"{config.words()}: {reported_by} gave {_mib(reported)} MiB, "
+        f"{config.words()}: {reported_by} gave {in_unit(reported, 'MiB', 1, grouped=True)}, "
         f"more than {DISAGREEMENT:g}x off"
     )
 
@@ -157,11 +156,8 @@ class MemoryBudget:
 
 
 def _gib(n: int | None) -> str:
+    """A bar figure in GiB, its unit named once at the end of the bar: two places below
+    10 GiB ("2.40"), one from there up ("24.0"), so every figure keeps about three digits."""
     if n is None:
         return "?"
-    v = n / GIB
-    return f"{v:,.2f}" if v < 10 else f"{v:,.1f}"
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:,.1f}"
+    return figure(n, "GiB", 2 if n / GIB < 10 else 1, grouped=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from engine import byte_size
+
 if TYPE_CHECKING:
     from engine.events import EngineState
 
@@ -82,10 +84,6 @@ def ms(seconds: float | None) -> str:
 
 
 def size(num_bytes: float) -> str:
-    """Bytes in binary units: 23.0 KiB, 1.50 GiB."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop always returns
+    """Bytes in the largest binary unit they reach: "512 B", "23.0 KiB", "1.5 GiB". The
+    engine's sentences format bytes with the same module, so a panel and an error agree."""
+    return byte_size.in_largest_unit(num_bytes)

@@ -20,10 +20,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from engine.byte_size import in_unit
 from engine.clock import Clock, RealClock, VirtualClock
 from engine.events import EngineEvent, GenerationRequest, ModelCard, StepSample, UserMessage
 from engine.paths import open_private, private_dir
-from engine.sizes import GIB, MIB
+from engine.sizes import GIB
 from engine.tape.errors import TapeUnwritable
 from engine.tape.format import Encoder, Kind, dumps, header
 from engine.tape.paths import default_tape_path
@@ -40,8 +41,10 @@ NoticeCallback = Callable[[str], None]
 _STOP = object()
 
 
-def _size(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+def _cap_size(n: int) -> str:
+    """The cap as the notice names it: "1.00 GiB" from a GiB up, "64.0 MiB" below (the
+    exact bytes follow it in the notice)."""
+    return in_unit(n, "GiB", 2) if n >= GIB else in_unit(n, "MiB", 1)
 
 
 class TapeRecorder:
@@ -221,7 +224,7 @@ class TapeRecorder:
             self._write(dumps(end) + b"\n")
             self._stop_early(
                 f"Recording stopped: the tape {self.path} reached its size cap of "
-                f"{_size(self.cap_bytes)} ({self.cap_bytes:,} bytes). The session goes on; "
+                f"{_cap_size(self.cap_bytes)} ({self.cap_bytes:,} bytes). The session goes on; "
                 "what follows is not recorded."
             )
         except OSError as exc:

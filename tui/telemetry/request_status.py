@@ -161,11 +161,14 @@ def status_of(
         return RequestStatus("decoding", "decoding")
     if track.skipped_steps == 0 or latest is None:
         return RequestStatus("submitted", "submitted: waiting for the next engine step")
-    need = math.ceil(max(1, track.prompt_tokens) / max(1, latest.block_size))
-    if latest.free_blocks < need:
+    # At least one token: a request needs a block to be scheduled at all, even one whose
+    # acceptance reported 0 prompt tokens, so with no block free it waits for KV.
+    prompt = max(1, track.prompt_tokens)
+    if latest.short_of_kv(prompt):
         return RequestStatus(
             "waiting_kv",
-            f"waiting for KV blocks (needs {need:,}, {latest.free_blocks:,} free)",
+            f"waiting for KV blocks (needs {latest.blocks_for(prompt):,}, "
+            f"{latest.free_blocks:,} free)",
         )
     return RequestStatus("queued", PHASE_WORDS["queued"])
 
