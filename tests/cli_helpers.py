@@ -1,10 +1,20 @@
-"""The kvscope command as the tests run it: this venv's executable, and its one-line errors."""
+"""The kvscope command as the tests run it: this venv's executable, run in a process group
+of its own that must be gone when it exits, and its one-line errors."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
 """This venv's `kvscope`, for tests that run the command as a user would."""
 
@@ -25,3 +35,65 @@ def one_line(err: str, *says: str, besides: tuple[str, ...] = ()) -> str:
     for said in says:
         assert said in lines[0], (said, lines[0])
     return lines[0]
+
+
+def assert_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """Nothing of the command may outlive it: not the engine, not a helper process. What
+    is still there after `timeout_s` is killed, and the test fails."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.killpg(pgid, signal.SIGKILL)
+    raise AssertionError(f"processes of group {pgid} outlived kvscope")
+
+
+def start_kvscope(
+    *args: str, env: dict[str, str], stdin: bool = False, prefix: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """`kvscope ARGS` (after `prefix`, a wrapper such as `unshare`) from the repository
+    root, in a session of its own (its own process group, to look for leftovers), with
+    stdout and stderr piped; stdin piped too with `stdin`, else /dev/null."""
+    return subprocess.Popen(
+        [*prefix, KVSCOPE, *args],
+        cwd=ROOT,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def finish_in_group(
+    proc: subprocess.Popen[bytes], timeout: float, stdin: bytes | None = None
+) -> tuple[bytes, bytes]:
+    """What a `start_kvscope` process wrote, once it exited. One still running after
+    `timeout` has its group killed (and subprocess.TimeoutExpired raised); then nothing
+    of its group may be left (`assert_group_gone`)."""
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert_group_gone(proc.pid)
+    return out, err
+
+
+def run_kvscope(
+    *args: str,
+    env: dict[str, str],
+    timeout: float,
+    stdin: bytes | None = None,
+    prefix: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """`start_kvscope`, then `finish_in_group`: the run, its output decoded."""
+    proc = start_kvscope(*args, env=env, stdin=stdin is not None, prefix=prefix)
+    out, err = finish_in_group(proc, timeout, stdin)
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from remote_server import ROOT, ServerPorts, VllmServer, free_port, server_argv
+from remote_server import ServerPorts, VllmServer, free_port
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -43,43 +43,8 @@ class FleetServer(VllmServer):
         super().__init__(ServerPorts(), api_key=None)
         self.core = core
 
-    @property
-    def argv(self) -> list[str]:
-        return server_argv(self.ports, api_key=None)
-
-    def launch(self) -> None:
-        """Popen only; `wait_healthy` then waits, so both servers start at once."""
-        env = {
-            **os.environ,
-            "TORCH_CPP_LOG_LEVEL": "ERROR",
-            "VLLM_LOGGING_LEVEL": "INFO",
-            "VLLM_CPU_OMP_THREADS_BIND": str(self.core),
-        }
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
-        self._began = time.perf_counter()
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group, killed as one
-            )
-
-    def wait_healthy(self, deadline: float) -> None:
-        assert self.proc is not None
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            if self.healthy():
-                self.start_seconds = time.perf_counter() - self._began
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"vLLM server not healthy in time:\n{self.log_tail()}")
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "VLLM_CPU_OMP_THREADS_BIND": str(self.core)}
 
 
 class Router:

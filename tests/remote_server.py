@@ -116,7 +116,11 @@ def _die_with_parent() -> None:
 
 
 class VllmServer:
-    """One `vllm serve` process group; `start()` waits for /health."""
+    """One `vllm serve` process group; `start()` waits for /health.
+
+    `start()` is `launch()` then `wait_healthy()`; a caller starting several servers at
+    once launches them all, then waits for each (tests/real_fleet.py).
+    """
 
     def __init__(self, ports: ServerPorts | None = None, *, api_key: str | None = API_KEY):
         self.ports = ports or ServerPorts()
@@ -124,6 +128,7 @@ class VllmServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.mkstemp(prefix="kvscope-vllm-server-", suffix=".log")[1])
         self.start_seconds: float | None = None
+        self._began = 0.0
 
     @property
     def url(self) -> str:
@@ -133,34 +138,51 @@ class VllmServer:
     def argv(self) -> list[str]:
         return server_argv(self.ports, api_key=self.api_key)
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+    def env(self) -> dict[str, str]:
+        """The server's environment: this one's, with vLLM's logs at INFO."""
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "VLLM_LOGGING_LEVEL": "INFO"}
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
-        began = time.perf_counter()
+        return env
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+        """Launch the server and wait for /health; stopped again if it never answers."""
+        self.launch()
+        try:
+            self.wait_healthy(self._began + timeout_s)
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Start the process group, its output into `log_path`; no wait."""
+        self._began = time.perf_counter()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=ROOT,
-                env=env,
+                env=self.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group, killed as one
                 preexec_fn=_die_with_parent,
             )
-        deadline = began + timeout_s
+
+    def wait_healthy(self, deadline: float) -> None:
+        """Until /health answers 200 or `deadline` (time.perf_counter) passes."""
+        assert self.proc is not None
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
-                tail = self.log_tail()
-                self.stop()
-                raise RuntimeError(f"vLLM server exited with {self.proc.returncode}:\n{tail}")
+                raise RuntimeError(
+                    f"vLLM server exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             if self.healthy():
-                self.start_seconds = time.perf_counter() - began
-                return self
+                self.start_seconds = time.perf_counter() - self._began
+                return
             time.sleep(0.5)
-        tail = self.log_tail()
-        self.stop()
-        raise TimeoutError(f"vLLM server not healthy after {timeout_s:.0f} s:\n{tail}")
+        took = time.perf_counter() - self._began
+        raise TimeoutError(f"vLLM server not healthy after {took:.0f} s:\n{self.log_tail()}")
 
     def healthy(self) -> bool:
         try:

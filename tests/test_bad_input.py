@@ -26,11 +26,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cli_helpers import KVSCOPE, READY, one_line
+from cli_helpers import (
+    READY,
+    finish_in_group,
+    one_line,
+    run_kvscope,
+    start_kvscope,
+)
 
 from bench.sweep_result import SweepConfig, SweepResult
 from engine import model_prep
@@ -39,10 +44,10 @@ from engine.nvml import nvidia_gpu_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+    from pathlib import Path
 
     from engine.protocol import Engine
 
-ROOT = Path(__file__).resolve().parents[1]
 # Small enough to start fast: 1,024 tokens of context, 32 MiB of KV (10 blocks of 128).
 SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)]
 
@@ -64,19 +69,6 @@ def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
-def _assert_group_gone(pgid: int) -> None:
-    """Nothing of the command may outlive it: not the engine, not a helper process."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.killpg(pgid, signal.SIGKILL)
-    raise AssertionError(f"processes of group {pgid} outlived kvscope")
-
-
 def kvscope(
     *args: str,
     env: dict[str, str] | None = None,
@@ -84,25 +76,9 @@ def kvscope(
     prefix: Sequence[str] = (),
     timeout: float = 300,
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen(
-        [*prefix, KVSCOPE, *args],
-        cwd=ROOT,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, to look for leftovers
-        env=env or _env(),
-    )
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout)
-    finally:
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    _assert_group_gone(proc.pid)
-    return subprocess.CompletedProcess(
-        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-    )
+    """`kvscope ARGS` in its own process group (cli_helpers.run_kvscope), in `_env()`
+    unless told otherwise."""
+    return run_kvscope(*args, env=env or _env(), timeout=timeout, stdin=stdin, prefix=prefix)
 
 
 def clean(out: subprocess.CompletedProcess[str], code: int) -> list[str]:
@@ -527,15 +503,7 @@ class Running:
     def __init__(self, cache_folder: Path, *flags: str) -> None:
         self.log = cache_folder / "engine.log"
         self.stderr = b""
-        self.proc = subprocess.Popen(
-            [KVSCOPE, "generate", *flags],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=_env(cache_folder),
-        )
+        self.proc = start_kvscope("generate", *flags, env=_env(cache_folder))
 
     def wait_for_log(self, text: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -567,13 +535,7 @@ class Running:
         return time.monotonic()
 
     def finish(self) -> subprocess.CompletedProcess[str]:
-        try:
-            out, err = self.proc.communicate(timeout=180)
-        finally:
-            if self.proc.returncode is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        _assert_group_gone(self.proc.pid)
+        out, err = finish_in_group(self.proc, 180)
         return subprocess.CompletedProcess(
             self.proc.args,
             self.proc.returncode,

@@ -13,19 +13,19 @@ import asyncio
 import base64
 import json
 import os
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from cli_helpers import KVSCOPE, one_line
+from cli_helpers import one_line, run_kvscope
+from held_clock import HeldClock
 from remote_server import (
     FakeServer,
     chat_chunk,
     chat_reply,
+    free_port,
     hang,
     head,
     json_reply,
@@ -42,6 +42,7 @@ from engine.remote.client import SseDecoder, parse_server_url
 from engine.remote.timeouts import ServerStalled, Timeouts
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,42 +76,13 @@ def no_vllm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
-def _group_gone(pgid: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.killpg(pgid, signal.SIGKILL)
-    raise AssertionError(f"processes of group {pgid} outlived kvscope")
-
-
 def kvscope(
     env: dict[str, str], *args: str, timeout: float = HANG_S
 ) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run the command in its own process group; returns it and its wall time."""
+    """Run the command in its own process group (cli_helpers.run_kvscope); returns it
+    and its wall time."""
     began = time.perf_counter()
-    proc = subprocess.Popen(
-        [KVSCOPE, *args],
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env=env,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    _group_gone(proc.pid)
-    done = subprocess.CompletedProcess(
-        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-    )
+    done = run_kvscope(*args, env=env, timeout=timeout)
     return done, time.perf_counter() - began
 
 
@@ -328,12 +300,12 @@ async def test_the_server_panel_says_when_scrapes_stop() -> None:
     from engine.remote.metrics import ScrapeState, cache_info, parse_metrics
     from tui.widgets.remote_state import RemoteStateView
 
-    now = [1000.0]
+    clock = HeldClock(1000.0)
 
     class Host(App[None]):
         def compose(self) -> ComposeResult:
             view = RemoteStateView()
-            view.clock = lambda: now[0]
+            view.clock = clock
             yield view
 
     parsed = parse_metrics((FIXTURES / "metrics_busy.txt").read_text())
@@ -343,11 +315,11 @@ async def test_the_server_panel_says_when_scrapes_stop() -> None:
         view = pilot.app.query_one(RemoteStateView)
         view.capabilities = caps
         view.sample = sample
-        now[0] += 9.5
+        clock.now += 9.5
         view.check_stale()
         await pilot.pause()
         assert "does not answer" not in str(view.render())
-        now[0] += 2.0
+        clock.now += 2.0
         view.check_stale()
         await pilot.pause()
         shown = " ".join(line.text for line in view.render_lines(view.region))
@@ -532,11 +504,7 @@ def test_answers_that_are_not_vllms_are_one_line(
 
 
 def test_a_redirect_whose_target_refuses_names_both(no_vllm: dict[str, str]) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     moved = raw(head(302, Location=f"{dead}/v1/models", Content_Length="0"))
     with FakeServer({"/v1/models": lambda _r: moved}) as server:
         out, _ = kvscope(no_vllm, "generate", "--url", server.url)
@@ -758,8 +726,6 @@ def subscribed(xpub: Any, what: str, timeout_s: float = HANG_S) -> None:
 def test_the_kv_event_thread_survives_garbage_floods_and_huge_frames(
     no_threads_left: None,
 ) -> None:
-    import socket
-
     import zmq
 
     from engine.remote.kv_events import (
@@ -769,9 +735,7 @@ def test_the_kv_event_thread_survives_garbage_floods_and_huge_frames(
         PrefixCacheIndex,
     )
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     # An XPUB is a PUB to the subscriber, and says when one has subscribed: the test waits
     # for that, not for a guess at ZMQ's slow joiner.

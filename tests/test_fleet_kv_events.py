@@ -4,11 +4,11 @@ and counted by engine/remote's subscriber, said per replica."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from fleet_fakes import FakePublisher, stored_payload
+from polling import until
 
 from engine.fleet.fleet_state import FleetTracker
 from engine.fleet.prefix_index import FleetPrefixIndex
@@ -25,12 +25,7 @@ if TYPE_CHECKING:
 REPLICAS = parse_replicas(["a=http://127.0.0.1:8001", "b=http://127.0.0.1:8002"])
 
 
-def _until(what: str, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+WAIT_S = 10.0
 
 
 @pytest.fixture
@@ -61,12 +56,13 @@ def test_each_replicas_events_fill_its_own_index_and_bad_ones_are_counted(
         publishers["b"].send(stored_payload([1, 21], "chat-2"))
         publishers["b"].send(b"\xc1 not msgpack")
         publishers["b"].send_raw(b"kv", b"short")  # a sequence number that is not 8 bytes
-        _until(
+        until(
             "both sessions",
             lambda: (
                 {"chat-1", "chat-2"} <= set(prefixes.view().sessions)
                 and next(s for s in kv.status() if s.name == "b").bad >= 2
             ),
+            WAIT_S,
         )
         view = prefixes.view()
         assert [(c.replica, c.blocks) for c in view.where("chat-1")] == [("a", 2)]
@@ -114,7 +110,7 @@ def test_a_replica_down_at_attach_is_subscribed_when_it_answers(
         assert kv.any_subscribed
         publishers["a"].warm(lambda: prefixes.index_for("a").batches > 0)
         publishers["a"].send(stored_payload([5, 6], "chat-9"))
-        _until("chat-9 on a", lambda: bool(prefixes.view().where("chat-9")))
+        until("chat-9 on a", lambda: bool(prefixes.view().where("chat-9")), WAIT_S)
         # Down again: nothing is served from its cache, so nothing is said to be there.
         tracker.status("a", ScrapeStatus(False, False, "connection refused"))
         assert prefixes.view().where("chat-9") == ()

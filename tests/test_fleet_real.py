@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+from polling import until
 from rich.console import Console
 from test_fleet_view import Host
 
@@ -61,11 +62,7 @@ def fleet(real_fleet: RealFleet) -> Iterator[FleetEngine]:
     engine.shutdown()
 
 
-def _until(what: str, done: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+WAIT_S = 20.0
 
 
 async def _ask(
@@ -83,7 +80,7 @@ async def _ask(
 
 
 async def test_fleet_view_rows_come_from_each_replicas_own_scrapes(fleet: FleetEngine) -> None:
-    _until("both replicas scraped", lambda: fleet.fleet_state().up == 2)
+    until("both replicas scraped", lambda: fleet.fleet_state().up == 2, WAIT_S)
     state = fleet.fleet_state()
     for row in state.rows:
         assert row.health == "up", row
@@ -115,7 +112,7 @@ async def test_a_chats_second_turn_is_found_cached_on_the_replica_that_served_th
     served1 = first.fleet.replica
     assert first.fleet.served == f"served by {served1} (router counter)"
     # Turn 1's blocks, from served1's own KV events (a moment behind the reply, at most).
-    _until("turn 1's blocks", lambda: bool(fleet.prefixes.view().where(session)))
+    until("turn 1's blocks", lambda: bool(fleet.prefixes.view().where(session)), WAIT_S)
     before = fleet.prefixes.before_turn(session)
     assert [c.replica for c in before] == [served1], before
     assert before[0].tokens >= 32  # at least one whole block of the first turn's prompt
@@ -149,7 +146,7 @@ def test_a_killed_replica_shows_down_and_the_other_carries_on(
     real_fleet: RealFleet, fleet: FleetEngine
 ) -> None:
     real_fleet.kill("a")
-    _until("a down", lambda: fleet.fleet_state().row("a").health == "down")  # type: ignore[union-attr]
+    until("a down", lambda: fleet.fleet_state().row("a").health == "down", WAIT_S)  # type: ignore[union-attr]
     state = fleet.fleet_state()
     assert state.row("b").health == "up"  # type: ignore[union-attr]
     assert "does not answer" in state.row("a").note  # type: ignore[union-attr]

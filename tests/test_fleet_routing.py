@@ -5,10 +5,10 @@ one; the words end up in the reply's footer."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING
 
 from fleet_fakes import FakePublisher, FakeReplica, stored_payload
+from polling import until
 from remote_server import FakeRequest, FakeServer, Reply, chat_reply
 
 from engine.events import (
@@ -45,11 +45,7 @@ async def _ask(engine: Engine, n: int) -> tuple[str, RequestFinished]:
     return text, finished
 
 
-def _wait(what: str, done: object, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+WAIT_S = 15.0
 
 
 def test_without_a_router_requests_alternate_and_skip_a_replica_that_is_down() -> None:
@@ -69,7 +65,7 @@ def test_without_a_router_requests_alternate_and_skip_a_replica_that_is_down() -
                 assert ev.fleet == ReplicaServed(name, f"served by {name} (kvscope's round robin)")
                 assert footer_fields(ev)[-1] == f"served by {name} (kvscope's round robin)"
             b.stop()
-            _wait("b down", lambda: fleet.fleet_state().row("b").health == "down")  # type: ignore[union-attr]
+            until("b down", lambda: fleet.fleet_state().row("b").health == "down", WAIT_S)  # type: ignore[union-attr]
             after = [asyncio.run(_ask(fleet, n)) for n in range(4, 6)]
             assert [text for text, _ in after] == ["from a", "from a"]  # a carries on
         finally:
@@ -122,7 +118,7 @@ def test_behind_a_router_kv_events_say_which_replica_and_a_moved_turn_is_a_miss(
             session = fleet.inner.session_id
             assert {c.replica for c in fleet.prefixes.view().where(session)} == {"a", "b"}
             b.stop()
-            _wait("b forgotten", lambda: len(fleet.prefixes.view().where(session)) == 1)
+            until("b forgotten", lambda: len(fleet.prefixes.view().where(session)) == 1, WAIT_S)
         finally:
             fleet.shutdown()
             for pub in pubs.values():

@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 from fleet_fakes import FakeReplica, metrics_text
+from held_clock import HeldClock
 
 from engine.fleet.fleet_state import (
     STALE_AFTER_S,
@@ -94,10 +95,10 @@ def test_a_replica_without_vllm_metrics_says_so() -> None:
 
 def test_an_old_scrape_is_stale_and_a_new_replica_is_not_scraped_yet() -> None:
     fleet = two()
-    now = [100.0]
-    tracker = FleetTracker(fleet, clock=lambda: now[0])
+    clock = HeldClock(100.0)
+    tracker = FleetTracker(fleet, clock=clock)
     tracker.sampled("a", sample_from_text(ScrapeState(), metrics_text(running=1), 100.0))
-    now[0] = 100.0 + STALE_AFTER_S + 1
+    clock.now = 100.0 + STALE_AFTER_S + 1
     a, b = tracker.state().rows
     assert a.health == "stale" and a.running == 1 and a.serving
     assert b.health == "not scraped yet" and not b.serving

@@ -38,7 +38,7 @@ async def test_users_raise_throughput_and_rate_inf_queues(vllm_engine: VllmEngin
     # less than four steps of one on any machine (the weights are read once, the step's
     # fixed costs paid once), so ITL grows by less than the batch and throughput grows (a
     # runner that sent them one after another would gain nothing). How much is the
-    # machine's: x1.5 throughput and x2.4 ITL on a 2-core AVX2 EPYC (README), more on one
+    # machine's: x1.5 throughput and x2.4 ITL on a 2-core AVX2 EPYC (docs/load.md), more on one
     # with bf16 units; no factor read off one CPU is asserted. What must hold on all is
     # that the runner's two figures agree: with decode dominating, throughput is users /
     # ITL, so the gain is about 4 / itl_growth.

@@ -1,7 +1,7 @@
 """vLLM's parallel flags pass through unchanged, and the model card names the layout.
 
 These machines have no GPU: what runs here is the parsing and the card; a multi-GPU start
-itself is not tested (see the README's "On many GPUs").
+itself is not tested (see docs/gpu.md, "On many GPUs").
 """
 
 from __future__ import annotations

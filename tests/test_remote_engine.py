@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from polling import wait_for
 from remote_server import API_KEY, BLOCK_SIZE, MAX_MODEL_LEN, VllmServer
 
 from engine.errors import AuthRequired, ConnectionLost, PromptTooLong, ServerUnreachable
@@ -62,15 +63,6 @@ def finished(events: list[EngineEvent]) -> RequestFinished:
     last = events[-1]
     assert isinstance(last, RequestFinished), events[-3:]
     return last
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 async def settles(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
@@ -196,7 +188,7 @@ async def test_scraped_kv_usage_rises_then_falls(remote: RemoteEngine) -> None:
     remove = remote.add_scrape_listener(scrapes.append)
     remove_steps = remote.add_step_listener(steps.append)
     try:
-        assert wait_for(lambda: bool(scrapes) and scrapes[-1].kv_usage == 0.0)
+        assert wait_for(lambda: bool(scrapes) and scrapes[-1].kv_usage == 0.0, 5)
         start = len(scrapes)
         # A short prompt and a long reply: the blocks are held for the whole decode, and a
         # decode of 96 steps spans many scrapes on any CPU (one of 48 once saw none in CI).

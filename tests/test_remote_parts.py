@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 import zmq
+from remote_server import free_port
 
 from engine.errors import ServerUnreachable
 from engine.events import RequestAccepted, RequestFinished, TokenEvent
@@ -45,12 +45,6 @@ def recorded_events() -> list[dict[str, Any]]:
 
 def payload(record: dict[str, Any]) -> bytes:
     return base64.b64decode(record["payload_b64"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_remote_path_imports_without_vllm_or_torch() -> None:

@@ -15,6 +15,8 @@ from tui_helpers import (
     HoldingClock,
     engine_ready,
     make_app,
+    palette_offers,
+    palette_open,
     reply_done,
     send_chat,
     settle,
@@ -396,11 +398,11 @@ async def test_theme_from_the_palette_is_remembered(tui_config_dir) -> None:  # 
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"theme")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "Theme")
         await pilot.press("enter")  # "Theme - Change the current theme"
-        await pilot.pause(0.3)
+        await palette_open(pilot, "Search for themes…")
         await pilot.press(*"phosphor")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "phosphor")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.theme == "phosphor", what="the theme to change")
     saved = json.loads((tui_config_dir / "settings.json").read_text())

@@ -17,7 +17,7 @@ from textual import _compositor
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Static
-from tui_helpers import engine_ready, make_app, reply_done, wait_until
+from tui_helpers import engine_ready, make_app, reply_done, screen_lines, wait_until
 
 from engine.clock import RealClock
 from engine.fake import FakeConfig, FakeEngine
@@ -127,10 +127,6 @@ async def test_text_that_comes_before_the_first_layout_gets_the_same_room() -> N
             after.reserved,
             after.outer_size.height,
         )
-
-
-def screen_lines(app: App[None], rows: int) -> list[str]:
-    return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()[:rows]]
 
 
 FENCES_WITHOUT_BLANKS = "```python\na = 1\n```\nText between.\n```js\nlet b = 2;\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from held_clock import HeldClock
 from textual.widgets import ProgressBar
 from tui_helpers import NARROW, make_app, wait_until
 
@@ -40,14 +41,6 @@ class GatedEngine(FakeEngine):
         return super().start(None)
 
 
-class HeldClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _loading(pilot: Pilot[int], clock: HeldClock) -> EngineStatus:
     app = pilot.app
     assert isinstance(app, KvscopeApp)
@@ -68,7 +61,7 @@ def _bar(status: EngineStatus) -> ProgressBar:
 async def test_a_long_stage_pulses_the_bar_and_counts_its_seconds() -> None:
     engine = GatedEngine()
     app = make_app(engine=engine)
-    clock = HeldClock()
+    clock = HeldClock(100.0)
     try:
         async with app.run_test(size=NARROW) as pilot:
             status = await _loading(pilot, clock)
@@ -98,7 +91,7 @@ async def test_the_80x24_loading_screen_is_narrow_and_cuts_no_word() -> None:
     app = make_app(engine=engine)
     try:
         async with app.run_test(size=NARROW) as pilot:
-            status = await _loading(pilot, HeldClock())
+            status = await _loading(pilot, HeldClock(100.0))
             assert app.main_screen.has_class("-narrow")
             width = status.query_one("#engine-status-text").content_size.width
             assert width > 0
@@ -111,7 +104,7 @@ async def test_the_80x24_loading_screen_is_narrow_and_cuts_no_word() -> None:
 
 def test_loading_screen_80x24(snap_compare) -> None:  # type: ignore[no-untyped-def]
     engine = GatedEngine()
-    clock = HeldClock()
+    clock = HeldClock(100.0)
 
     async def twelve_seconds_in(pilot: Pilot[int]) -> None:
         status = await _loading(pilot, clock)

@@ -11,6 +11,7 @@ import gc
 import time
 from typing import TYPE_CHECKING
 
+from held_clock import HeldClock
 from rich.console import Group
 from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
@@ -155,14 +156,14 @@ def test_gc_between_replies_walks_the_whole_heap_only_when_it_grew(
     # While a reply streams: now and then what is not frozen is collected, and the
     # survivors frozen (tried: freezing alone, cheaper by a collection of a few ms a
     # second, kept about 6 MiB more garbage over a 20 s stream).
-    now = [1_000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    clock = HeldClock(1_000.0)
+    monkeypatch.setattr(time, "monotonic", clock)
     policy.idle()
     calls.clear()
-    now[0] += STREAM_COLLECT_S / 2
+    clock.now += STREAM_COLLECT_S / 2
     policy.streaming_tick()
     assert calls == []
-    now[0] += STREAM_COLLECT_S
+    clock.now += STREAM_COLLECT_S
     policy.streaming_tick()
     assert calls == ["collect", "freeze"]
 

@@ -178,7 +178,7 @@ async def test_long_sends_are_estimated_and_the_copies_cap_comes_from_the_pool()
         main = app.main_screen
         controls = main.controls
         assert controls.query_one(CountStepper).maximum == 256 == concurrency_cap(main.card)
-        controls.concurrency = 19  # the README's 19 × 4,096: within reach now
+        controls.concurrency = 19  # docs/prefill-vs-decode.md's 19 × 4,096: within reach now
         assert controls.concurrency == 19
         # The emulated model's context limit is not emulated, and M says so.
         assert "max_model_len (this model's)" in str(controls.slider.render())
@@ -395,7 +395,9 @@ async def test_an_unknown_theme_never_rewrites_settings_and_unknown_keys_survive
     async with app.run_test(size=WIDE) as pilot:
         await engine_ready(pilot)
         app.theme = "phosphor"  # a real choice: only that key changes
-        await pilot.pause(0.3)
+        await wait_until(
+            pilot, lambda: json.loads(path.read_text())["theme"] == "phosphor", what="the save"
+        )
     saved = json.loads(path.read_text())
     assert saved == {"theme": "phosphor", "future_key": [1, 2], "cursor_blink": True}
 

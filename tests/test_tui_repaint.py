@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
-from tui_helpers import block_sample
+from tui_helpers import block_sample, screen_lines
 
 from engine.events import RequestBlocks
 from tui.widgets.box_titles import retitle
@@ -22,10 +22,6 @@ from tui.widgets.kv_block_map import KvBlockMap, cells_of
 
 if TYPE_CHECKING:
     from textual.widget import Widget
-
-
-def screen_lines(app: App[None]) -> list[str]:
-    return [strip.text for strip in app.screen._compositor.render_strips()]
 
 
 class BoxApp(App[None]):
@@ -116,7 +112,7 @@ async def test_block_map_repaints_changed_rows_and_the_screen_matches_a_full_dra
                 )
                 block_map.show_sample(block_sample(blocks, total))
                 await pilot.pause()
-                shown = screen_lines(app=block_map.app)[: block_map.size.height]
+                shown = screen_lines(block_map.app, block_map.size.height)
                 expected = block_map.as_text().plain.splitlines()
                 assert [line.rstrip() for line in shown] == [line.rstrip() for line in expected]
                 # What a step updated in place is what a rebuild from the sample gives.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from textual.content import Content
 from textual.widgets import DataTable, Input, Static
-from tui_helpers import HoldingClock, engine_ready, make_app, wait_until
+from tui_helpers import HoldingClock, engine_ready, make_app, palette_offers, wait_until
 
 from bench.sweep_files import SavedSweep, SweepFileError, load_saved_sweeps
 from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
@@ -52,7 +52,15 @@ async def test_sweep_runs_plots_and_exports(tmp_path: Path) -> None:
             screen.query_one(f"#{field_id}", Input).value = value
         await pilot.press("f6")
         await wait_until(pilot, lambda: len(screen.points) == 3 and not screen.running, 30)
-        await pilot.pause(0.3)
+        await wait_until(
+            pilot,
+            lambda: (
+                screen.query_one(DataTable).row_count == 3
+                and screen.query_one("#sweep-ttft", Plot).has_drawing
+                and screen.query_one("#sweep-itl", Plot).has_drawing
+            ),
+            what="the table and both plots to show the 3 points",
+        )
         ok = [p for p in screen.points if p.ok]
         assert [p.prompt_len for p in ok] == [64, 256]
         assert (ok[1].value("mean_ttft_ms") or 0) > (ok[0].value("mean_ttft_ms") or 0)
@@ -81,7 +89,7 @@ async def test_sweep_screen_explains_bad_input_and_opens_from_the_palette() -> N
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"sweep")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "Prompt-length sweep")
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, SweepScreen))
         screen = app.screen
