@@ -4,7 +4,6 @@ with a list of concurrencies or request rates, load (cli/load_bench.py)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,8 @@ from cli.sweep_table import render_summary
 from engine.errors import BadOption
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
 
     from cli.result_files import ResultFile
     from engine.protocol import Engine
@@ -198,36 +198,17 @@ def report(result: SweepResult, files: list[ResultFile]) -> int:
     return 0
 
 
-@contextlib.contextmanager
 def bench_engine(
     args: argparse.Namespace,
     engine_argv: list[str],
     *,
     check: Callable[[argparse.Namespace], None] | None,
-) -> Iterator[Engine]:
-    """The engine the flags ask for, started, taped with --tape, always stopped after."""
+) -> AbstractContextManager[Engine]:
+    """The engine the flags ask for (`--fake`, `--url` or vLLM, as cli/engine_choice.py
+    chooses), started, taped with --tape, always stopped after."""
     from cli.engine_choice import started_engine
 
-    if not args.fake:
-        with started_engine(args, engine_argv, check=check, tape=args.tape) as engine:
-            yield engine
-        return
-    from cli.replay import open_recorder, recorded
-    from engine.clock import RealClock
-    from engine.fake import FakeEngine
-
-    if engine_argv:
-        raise BadOption(engine_argv[0], "vLLM engine flags do not apply to the --fake engine")
-    if args.url:
-        raise BadOption("--fake", "give --fake or --url, not both")
-    recorder = open_recorder(args.tape) if args.tape else None
-    fake = FakeEngine(clock=RealClock())
-    fake.start()
-    try:
-        with recorded(fake, recorder) as engine:
-            yield engine
-    finally:
-        fake.shutdown()
+    return started_engine(args, engine_argv, check=check, tape=args.tape)
 
 
 def roofline_hardware(args: argparse.Namespace, engine: Engine) -> str | None:

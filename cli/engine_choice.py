@@ -2,8 +2,8 @@
 
 Every command that runs an engine opens it here. The playground offers every kind
 (`--fake`, then `--url`, else vLLM in this process) and its app starts the engine behind
-a loading screen; `generate` and `bench` offer the kinds that start headless (`--url`,
-else vLLM), with progress on stderr; `bench --compare` starts vLLM once per config.
+a loading screen; `bench` starts any of them headless, with progress on stderr, and
+`generate` any but `--fake`; `bench --compare` starts vLLM once per config.
 
 A new engine is one folder under engine/ and one EngineKind in KINDS; flags of its own
 go beside those of the kinds it is chosen among (`--url`'s are in cli/attach.py).
@@ -48,6 +48,9 @@ class EngineKind:
     started: Starter | None = None
     """Started with progress on stderr, and always stopped after the block (None: only
     the playground offers it)."""
+    refuse: Callable[[argparse.Namespace, list[str]], None] | None = None
+    """Raises BadOption for flags that a headless start of it cannot take, before any
+    tape or engine is opened (None: it takes them all)."""
     outlives_app: bool = True
     """Whether stopping it is work left once the app is gone, said as it is done."""
 
@@ -87,9 +90,44 @@ def _in_process(args: argparse.Namespace, engine_argv: list[str]) -> Engine:
     return VllmEngine(argv=engine_argv, emulation=emulation)
 
 
+def _refuse_for_fake(args: argparse.Namespace, engine_argv: list[str]) -> None:
+    from engine.errors import BadOption
+
+    # Headless, a flag the fake would ignore would make a run measure what was not asked.
+    if engine_argv:
+        raise BadOption(engine_argv[0], "vLLM engine flags do not apply to the --fake engine")
+    if args.url:
+        raise BadOption("--fake", "give --fake or --url, not both")
+
+
+@contextlib.contextmanager
+def _started_fake(
+    _args: argparse.Namespace, _engine_argv: list[str], _check: Check | None
+) -> Iterator[Engine]:
+    from engine.clock import RealClock
+    from engine.fake import FakeEngine
+
+    # The fake's defaults (prefix caching off, unlike the playground's): what `bench
+    # --fake` has always measured, so its numbers compare with earlier runs.
+    fake = FakeEngine(clock=RealClock())
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.shutdown()
+
+
 KINDS: tuple[EngineKind, ...] = (
-    # Nothing to stop but the app, which Ctrl-C ends at once.
-    EngineKind("fake", lambda a: a.fake, _fake, outlives_app=False),
+    # Nothing to stop but the app, which Ctrl-C ends at once. `generate` has no --fake:
+    # its flags never ask for it.
+    EngineKind(
+        "fake",
+        lambda a: bool(getattr(a, "fake", False)),
+        _fake,
+        _started_fake,
+        outlives_app=False,
+        refuse=_refuse_for_fake,
+    ),
     # A client of a running server: no vLLM, torch or GPU needed here.
     EngineKind(
         "server",
@@ -141,8 +179,17 @@ def started_engine(
 ) -> Iterator[Engine]:
     """A headless command's engine, started with progress on stderr, taped to `tape` when
     one is given, and always stopped after the block (the tape closed before it)."""
+    given, _ = _headless(args)
+    if given.refuse is not None:
+        # On the flags as given, before `--replica` may stand in for `--url`.
+        given.refuse(args, engine_argv)
     check_replicas(args)
     recorder = open_recorder(tape) if tape else None  # said before any engine
-    start = next(k.started for k in KINDS if k.started is not None and k.asked(args))
+    _, start = _headless(args)  # chosen again: `--replica` alone now asks for the server
     with start(args, engine_argv, check) as inner, recorded(inner, recorder) as engine:
         yield engine
+
+
+def _headless(args: argparse.Namespace) -> tuple[EngineKind, Starter]:
+    """The first of KINDS that starts headless and that the flags ask for, and its start."""
+    return next((k, k.started) for k in KINDS if k.started is not None and k.asked(args))

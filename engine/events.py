@@ -362,6 +362,13 @@ class ModelCard:
     # vLLM's own token capacity where the pool serves several groups (each request holds
     # blocks in every group, so blocks x block size overstates it); 0: blocks x block size.
     kv_capacity_tokens: int = 0
+    exact_steps: bool | None = None
+    """Whether the engine's StepSamples are its real scheduler steps, each with every
+    request's prefill and decode tokens and block IDs (True: vLLM in this process, the
+    fake), or windows between two scrapes of a server's /metrics (False: an attached
+    server, a fleet). It is on the card so that a tape, which keeps the card and not the
+    engine, says it too. None: the card does not say, as on tapes recorded before this
+    field; `Tape.exact_steps` (engine/tape/reader.py) answers for those."""
 
     @property
     def kv_pool_tokens(self) -> int:

@@ -240,6 +240,7 @@ class FakeEngine:
             block_size=c.block_size,
             total_blocks=c.total_blocks,
             device="fake",
+            exact_steps=self.features.exact_steps,  # for a tape, which keeps the card
         )
         return self._card
 

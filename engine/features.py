@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from engine.clock import Clock
     from engine.events import (
-        ModelCard,
         PrefixCacheView,
         RemoteCapabilities,
         ScrapeListener,
@@ -143,16 +142,17 @@ IN_PROCESS = EngineFeatures(exact_steps=True)
 """An engine that steps in kvscope's own process and sees its scheduler."""
 
 REMOTE_DEVICE_PREFIX = "remote "
-"""How a remote engine's card names its device: "remote http://host:port"."""
+"""How a remote engine's card names its device: "remote http://host:port" (and how a tape
+from before ModelCard.exact_steps is known to be a server's)."""
 
 
 def recorded_features(
-    card: ModelCard | None, *, clock: Clock | None, replay: Playback
+    exact_steps: bool, *, clock: Clock | None, replay: Playback
 ) -> EngineFeatures:
-    """What a tape's samples can show: what the engine that recorded it could."""
-    in_process = card is None or not card.device.startswith(REMOTE_DEVICE_PREFIX)
+    """What a tape's samples can show: what the engine that recorded it could, as its
+    card says (`Tape.exact_steps`)."""
     return EngineFeatures(
-        exact_steps=in_process,
+        exact_steps=exact_steps,
         clock=clock,
         replay=replay,
     )

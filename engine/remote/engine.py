@@ -333,6 +333,7 @@ class RemoteEngine:
             total_blocks=cache.total_blocks if cache else 0,
             device=f"{REMOTE_DEVICE_PREFIX}{self.url}",
             unknown=tuple(unknown),
+            exact_steps=self.features.exact_steps,  # for a tape, which keeps the card
         )
 
     def shutdown(self) -> None:

@@ -164,7 +164,9 @@ class ReplayEngine:
 
     @property
     def features(self) -> EngineFeatures:
-        return recorded_features(self.card, clock=self.clock, replay=self)
+        # Before the tape is read there are no steps to judge: as a tape without a card.
+        exact = self.tape.exact_steps if self.tape is not None else True
+        return recorded_features(exact, clock=self.clock, replay=self)
 
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         """Read the tape (when given a path); raises a TapeError in plain words."""

@@ -653,8 +653,14 @@ class Encoder:
 
 # Card fields added after format 1's first tapes: written only when they say something, so
 # a card without them (every tape before them, any engine that does not tell) is written
-# exactly as before, and a tape read and written again is the same bytes.
-_LATER_CARD_FIELDS: dict[str, object] = {"scheduling": "", "kv_groups": (), "kv_capacity_tokens": 0}
+# exactly as before, and a tape read and written again is the same bytes. Every engine
+# says `exact_steps`, so every new tape has it; a card read from an older tape has None.
+_LATER_CARD_FIELDS: dict[str, object] = {
+    "scheduling": "",
+    "kv_groups": (),
+    "kv_capacity_tokens": 0,
+    "exact_steps": None,
+}
 
 
 def card_object(card: ModelCard) -> dict[str, Any]:

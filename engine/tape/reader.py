@@ -23,6 +23,7 @@ from engine.events import (
     TokenEvent,
     UserMessage,
 )
+from engine.features import REMOTE_DEVICE_PREFIX
 from engine.input_files import NotAFile, open_regular_file
 from engine.sizes import MIB
 from engine.tape.errors import (
@@ -179,6 +180,19 @@ class Tape:
     @property
     def card(self) -> ModelCard | None:
         return self.cards[0] if self.cards else None
+
+    @property
+    def exact_steps(self) -> bool:
+        """Whether the tape's steps are its engine's real steps (ModelCard.exact_steps),
+        not windows between scrapes of a server."""
+        card = self.card
+        if card is None:
+            return True  # no engine started: no server was scraped either
+        if card.exact_steps is not None:
+            return card.exact_steps
+        # A tape recorded before the card said so. Only a server's card named its device
+        # "remote <url>", so that rule, which such tapes were always read by, still answers.
+        return not card.device.startswith(REMOTE_DEVICE_PREFIX)
 
     @property
     def output_tokens(self) -> int:

@@ -315,6 +315,7 @@ class VllmEngine:
                 self._introspector.batch_queue_depth,
                 on_cpu=current_platform.is_cpu(),
             ),
+            exact_steps=self.features.exact_steps,  # for a tape, which keeps the card
         )
 
     def shutdown(self) -> None:
