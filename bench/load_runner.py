@@ -1,12 +1,9 @@
 """Load on any Engine: N users (closed loop) or R requests/s (open loop), one point per level.
 
-A closed loop's users each send their next request when their last one ends; an open
-loop sends on a seeded schedule (`bench.arrivals`) whatever the replies do, and keeps
-each request's planned send time beside its actual one. A point runs for a number of
-prompts or a duration; an open-loop point the engine cannot keep up with stops early
-(`bench.saturation`) and says why. Prompts are exact-length synthetic ones that ignore
-EOS, drawn fresh for every request from the run's seed, so prefix caching cannot help
-unless `shared_prefix` asks it to.
+A point runs for a number of prompts or a duration, after an unmeasured warm-up; how it
+sends is `bench.load_loops`, what it sends `bench.load_prompts`, and what the engine saw
+while it ran `bench.step_view`. Here each point is planned, run and summed up as a
+`LoadPoint`: latencies, throughput, goodput, schedule error and notes in words.
 
 Nothing here prints: progress goes to `on_progress`, each finished point to `on_point`,
 so the CLI and the playground drive the same runner. Times are on the engine's clock.
@@ -14,16 +11,15 @@ so the CLI and the playground drive the same runner. Times are on the engine's c
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import math
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from bench.arrivals import ArrivalPattern, schedule_count, schedule_duration
 from bench.goodput import RequestSlo, goodput
+from bench.load_loops import PointInFlight, closed_loop, open_loop
+from bench.load_prompts import PromptMaker, lengths_range
 from bench.load_result import (
     LoadConfig,
     LoadPoint,
@@ -33,21 +29,14 @@ from bench.load_result import (
     level_label,
 )
 from bench.records import request_record
-from bench.saturation import SaturationWatch
+from bench.step_view import StepTaps, step_view
 from engine.clock import Clock, RealClock
 from engine.errors import BadOption, KvscopeError
-from engine.events import (
-    GenerationRequest,
-    RequestFinished,
-    SamplingSettings,
-    ScrapeSample,
-    StepSample,
-    TokenEvent,
-)
 from engine.request_book import check_prompt_length
 from engine.stats import mean, percentile
 
 if TYPE_CHECKING:
+    from bench.load_loops import SentRequest
     from engine.protocol import Engine
 
 MAX_CONCURRENCY = 4096
@@ -146,11 +135,6 @@ def validate(config: LoadConfig) -> None:
     ArrivalPattern(1.0, config.arrival, config.burstiness).validate()
 
 
-def lengths_range(n: int, ratio: float) -> tuple[int, int]:
-    """vLLM's random dataset: lengths uniform in [n(1 - r), n(1 + r)], at least 1."""
-    return max(int(n * (1 - ratio)), 1), int(n * (1 + ratio))
-
-
 def planned_count(config: LoadConfig, level: LoadLevel) -> int:
     """Requests a point sends when neither --num-prompts nor --duration says: enough for
     every user several times over, or four seconds' worth of the rate."""
@@ -160,145 +144,6 @@ def planned_count(config: LoadConfig, level: LoadLevel) -> int:
         return max(8, 4 * level.concurrency)
     rate = level.rate or 1.0
     return 16 if math.isinf(rate) else max(8, min(1000, math.ceil(4 * rate)))
-
-
-class PromptMaker:
-    """The requests of one point, each its own seeded prompt (no shared prefix unless
-    asked): seeds differ between runs because the run's seed does."""
-
-    def __init__(self, engine: Engine, config: LoadConfig, point: int) -> None:
-        self.engine, self.config, self.point = engine, config, point
-        self._rng = random.Random(f"{config.seed}/{point}/lengths")
-        self._prefix: tuple[int, ...] = ()
-        if config.shared_prefix:
-            longest = lengths_range(config.prompt_len, config.range_ratio)[1]
-            ids = engine.synthetic_prompt(longest, seed=self._seed(-1))
-            self._prefix = ids[: config.shared_prefix]
-
-    def _seed(self, i: int) -> int:
-        return (self.config.seed * 1_000_003 + self.point) * 1_000_033 + i
-
-    def make(self, i: int, tag: str = "") -> GenerationRequest:
-        c = self.config
-        n = self._rng.randint(*lengths_range(c.prompt_len, c.range_ratio))
-        out = self._rng.randint(*lengths_range(c.output_len, c.range_ratio))
-        ids = self.engine.synthetic_prompt(n, seed=self._seed(i))
-        if self._prefix:
-            ids = self._prefix + ids[len(self._prefix) :]
-        return GenerationRequest(
-            f"load-{c.seed}-{self.point}{tag}-{i}",
-            prompt_token_ids=ids,
-            sampling=SamplingSettings(max_tokens=out, ignore_eos=True),
-        )
-
-
-@dataclass(eq=False)
-class _Sent:
-    request: GenerationRequest
-    planned_s: float | None
-    sent_s: float = 0.0
-    user: int | None = None
-    finished: RequestFinished | None = None
-    error: str | None = None
-
-
-@dataclass
-class _Taps:
-    """The engine's own view while a point runs: its step samples or its scrapes."""
-
-    steps: list[StepSample] = field(default_factory=list)
-    scrapes: list[ScrapeSample] = field(default_factory=list)
-    removers: list[Callable[[], None]] = field(default_factory=list)
-
-    def attach(self, engine: Engine) -> None:
-        features = engine.features
-        # Listeners run on the engine's thread: a list append is all they do.
-        if features.exact_steps:
-            self.removers.append(engine.add_step_listener(self.steps.append))
-        elif features.remote is not None:
-            self.removers.append(features.remote.add_scrape_listener(self.scrapes.append))
-
-    def detach(self) -> None:
-        for remove in self.removers:
-            remove()
-        self.removers.clear()
-
-
-class _Point:
-    """One point in flight: its sends, its watch, and when to stop."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        clock: Clock,
-        level: LoadLevel,
-        label: str,
-        tick: Callable[[_Point], None],
-    ) -> None:
-        self.engine, self.clock, self.level, self.label = engine, clock, level, label
-        self.tick = tick
-        self.start = clock.now()
-        self.sent: list[_Sent] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.done = 0
-        self.in_flight = 0
-        self.peak = 0
-        self.stop_reason: str | None = None
-        self.stopped = asyncio.Event()
-        checked = level.rate is not None and math.isfinite(level.rate)
-        self.watch = SaturationWatch() if checked else None
-        self.planned: int | None = None
-        self.duration_s: float | None = None
-
-    def elapsed(self) -> float:
-        return self.clock.now() - self.start
-
-    async def send(self, s: _Sent) -> None:
-        s.sent_s = self.clock.now() - self.start
-        self.sent.append(s)
-        self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
-        if self.watch is not None:
-            self.watch.sent(s.sent_s)
-        self.tick(self)
-        try:
-            async for event in self.engine.stream(s.request):
-                if isinstance(event, TokenEvent) and event.index == 0 and self.watch:
-                    self.watch.first_token(s.sent_s, event.time_s - self.start - s.sent_s)
-                elif isinstance(event, RequestFinished):
-                    s.finished = event
-        except KvscopeError as exc:
-            s.error = exc.plain()
-        finally:
-            self.in_flight -= 1
-            self.done += 1
-            if self.watch is not None:
-                self.watch.ended(self.elapsed())
-        self._check()
-        self.tick(self)
-
-    def spawn(self, s: _Sent) -> None:
-        task = asyncio.get_running_loop().create_task(self.send(s))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    def _check(self) -> None:
-        if self.watch is None or self.stop_reason is not None:
-            return
-        reason = self.watch.verdict(self.elapsed())
-        if reason is not None:
-            self.stop_reason = reason
-            self.stopped.set()
-
-    async def sleep_until(self, t: float) -> bool:
-        """Sleep to `t` s from the start in short steps; False if the point stopped."""
-        while not self.stopped.is_set():
-            left = self.start + t - self.clock.now()
-            if left <= 0:
-                return True
-            await self.clock.sleep(min(left, 0.25))
-            self._check()
-        return False
 
 
 async def run_load(
@@ -371,7 +216,7 @@ class LoadRunner:
         label = level_label(level.profile, level.concurrency, level.rate)
         total = points
 
-        def tick(p: _Point) -> None:
+        def tick(p: PointInFlight) -> None:
             if self.on_progress:
                 self.on_progress(
                     LoadTick(
@@ -393,26 +238,26 @@ class LoadRunner:
                 check_prompt_length(longest, card.max_model_len)
             except KvscopeError as exc:
                 return _failed(level, exc.plain())
-        taps = _Taps()
+        taps = StepTaps()
         try:
             if level.rate is not None:
                 plan = self._plan(level.rate)
                 requests = [maker.make(i) for i in range(len(plan))]
                 taps.attach(self.engine)
-                point = _Point(self.engine, self.clock, level, label, tick)
+                point = PointInFlight(self.engine, self.clock, level.rate, tick)
                 point.planned, point.duration_s = len(plan), c.duration_s
-                await _open_loop(point, requests, plan)
+                await open_loop(point, requests, plan)
             else:
                 users = level.concurrency or 1
                 count = None if c.duration_s is not None else planned_count(c, level)
                 ready = [maker.make(i) for i in range(count)] if count is not None else []
                 taps.attach(self.engine)
-                point = _Point(self.engine, self.clock, level, label, tick)
+                point = PointInFlight(self.engine, self.clock, level.rate, tick)
                 point.planned, point.duration_s = count, c.duration_s
-                await _closed_loop(point, users, ready, count, maker, c.duration_s)
+                await closed_loop(point, users, ready, count, maker, c.duration_s)
         finally:
             taps.detach()
-        return self._summarize(point, taps)
+        return self._summarize(level, point, taps)
 
     def _plan(self, rate: float) -> list[float]:
         c = self.config
@@ -422,7 +267,7 @@ class LoadRunner:
             return plan or [0.0]
         return schedule_count(pattern, planned_count(c, LoadLevel.per_second(rate)))
 
-    def _summarize(self, p: _Point, taps: _Taps) -> LoadPoint:
+    def _summarize(self, level: LoadLevel, p: PointInFlight, taps: StepTaps) -> LoadPoint:
         c = self.config
         done = [s for s in p.sent if s.finished is not None and s.finished.reason != "abort"]
         aborted = sum(1 for s in p.sent if s.finished is not None and s.finished.reason == "abort")
@@ -431,7 +276,6 @@ class LoadRunner:
         fins = [s.finished for s in done if s.finished is not None]
         ends = [s.sent_s + f.e2e_s for s in done if (f := s.finished) is not None]
         duration = max([p.elapsed(), *ends]) if p.stop_reason is None else p.elapsed()
-        level = p.level
         if not fins:
             why = failed[0].error if failed else (p.stop_reason or "no request completed")
             failed_point = _failed(level, why or "no request completed", aborted=aborted)
@@ -461,7 +305,7 @@ class LoadRunner:
             figures["schedule_error_p50_ms"] = percentile(errors, 50)
             figures["schedule_error_p99_ms"] = percentile(errors, 99)
         known = [f.cached_prompt_tokens for f in fins if f.cached_prompt_tokens is not None]
-        steps, queued = _step_view(taps, p.start, done)
+        steps, queued = step_view(taps, p.start, done)
         notes = _notes(p, steps, queued, len(done))
         if known and sum(known) > 0:
             share = sum(known) / max(total_in, 1)
@@ -497,49 +341,6 @@ class LoadRunner:
         )
 
 
-async def _open_loop(p: _Point, requests: list[GenerationRequest], plan: list[float]) -> None:
-    for request, t in zip(requests, plan, strict=True):
-        if not await p.sleep_until(t):
-            break
-        p.spawn(_Sent(request, planned_s=t))
-    await _drain(p)
-
-
-async def _closed_loop(
-    p: _Point,
-    users: int,
-    ready: list[GenerationRequest],
-    count: int | None,
-    maker: PromptMaker,
-    duration_s: float | None,
-) -> None:
-    order = itertools.count()
-
-    async def user(u: int) -> None:
-        while not p.stopped.is_set():
-            if duration_s is not None and p.elapsed() >= duration_s:
-                return
-            i = next(order)
-            if count is not None and i >= count:
-                return
-            request = ready[i] if i < len(ready) else maker.make(i)
-            await p.send(_Sent(request, planned_s=None, user=u))
-
-    await asyncio.gather(*(user(u) for u in range(users)))
-
-
-async def _drain(p: _Point) -> None:
-    """Wait for the replies in flight; on an early stop, abort them instead."""
-    while p.tasks:
-        waiter = asyncio.ensure_future(p.stopped.wait())
-        await asyncio.wait({*p.tasks, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if p.stopped.is_set():
-            for task in list(p.tasks):
-                task.cancel()  # the stream's consumer walks away: the engine aborts it
-            await asyncio.gather(*p.tasks, return_exceptions=True)
-        waiter.cancel()
-
-
 def _failed(level: LoadLevel, why: str, aborted: int = 0) -> LoadPoint:
     return LoadPoint(
         profile=level.profile,
@@ -552,7 +353,7 @@ def _failed(level: LoadLevel, why: str, aborted: int = 0) -> LoadPoint:
     )
 
 
-def _record(s: _Sent) -> dict[str, Any]:
+def _record(s: SentRequest) -> dict[str, Any]:
     assert s.finished is not None
     out = request_record(s.finished)
     out["sent_s"] = s.sent_s
@@ -564,83 +365,7 @@ def _record(s: _Sent) -> dict[str, Any]:
     return out
 
 
-def _step_view(taps: _Taps, start: float, done: list[_Sent]) -> tuple[StepView | None, int]:
-    """The engine's view over the point, and how many requests waited behind a step."""
-    steps = [s for s in taps.steps if not s.idle and s.started_at >= start - 1e-9]
-    if steps:
-        total = sum(s.duration_s for s in steps)
-        waiting = [s for s in steps if s.waiting > 0]
-        sent_at = {s.request.request_id: start + s.sent_s for s in done if s.finished is not None}
-        need = {
-            s.request.request_id: len(s.request.prompt_token_ids or ()) for s in done
-        }  # fmt: skip
-        # A waiting step is short of KV when the queue's head (the request the scheduler
-        # admits next) does not fit. A head this point did not send, or one without token
-        # IDs, counts as 0 tokens, so it never blames the pool: the step counts as
-        # budget-bound, as it always has.
-        kv_short = sum(
-            1 for s in waiting if s.waiting_ids and s.short_of_kv(need.get(s.waiting_ids[0], 0))
-        )
-        view = _occupancy(
-            "steps",
-            steps,
-            preemptions=sum(s.preemptions for s in steps),
-            prefill_time_share=(
-                sum(s.duration_s for s in steps if s.prefill_tokens) / total if total else 0.0
-            ),
-            waiting_step_share=len(waiting) / len(steps),
-            kv_bound_share=kv_short / len(waiting) if waiting else 0.0,
-            budget_bound_share=(len(waiting) - kv_short) / len(waiting) if waiting else 0.0,
-        )
-        return view, _queued(steps, sent_at)
-    scrapes = [s for s in taps.scrapes if s.time_s >= start]
-    if scrapes:
-        view = _occupancy("scrapes", scrapes, preemptions=sum(s.new_preemptions for s in scrapes))
-        return view, 0
-    return None, 0
-
-
-def _occupancy(
-    source: Literal["steps", "scrapes"],
-    rows: Sequence[StepSample] | Sequence[ScrapeSample],
-    *,
-    preemptions: int,
-    **shares: float | None,
-) -> StepView:
-    """Batch, queue and KV over a point, from step samples or /metrics scrapes alike."""
-    return StepView(
-        source=source,
-        samples=len(rows),
-        mean_running=mean([float(r.running) for r in rows]),
-        max_running=max(r.running for r in rows),
-        mean_waiting=mean([float(r.waiting) for r in rows]),
-        max_waiting=max(r.waiting for r in rows),
-        mean_kv_usage=mean([r.kv_usage for r in rows]),
-        max_kv_usage=max(r.kv_usage for r in rows),
-        preemptions=preemptions,
-        **shares,
-    )
-
-
-def _queued(steps: list[StepSample], sent_at: dict[str, float]) -> int:
-    """Requests that a step started after their send left out: they waited for others,
-    in the engine's queue or for KV blocks (a request sent during a step waits for
-    that step to end, which is not queueing)."""
-    first: dict[str, float] = {}
-    for s in steps:
-        for w in s.work:
-            first.setdefault(w.request_id, s.started_at)
-    queued = 0
-    for rid, sent in sent_at.items():
-        began = first.get(rid)
-        if began is None:
-            continue
-        if any(sent <= s.started_at < began for s in steps):
-            queued += 1
-    return queued
-
-
-def _notes(p: _Point, steps: StepView | None, queued: int, completed: int) -> list[str]:
+def _notes(p: PointInFlight, steps: StepView | None, queued: int, completed: int) -> list[str]:
     notes = []
     if p.stop_reason:
         notes.append(f"stopped early after {len(p.sent)} requests: {p.stop_reason}")

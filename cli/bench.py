@@ -89,7 +89,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-roofline", action="store_true", help="do not compute floors")
     from cli.attach import add_attach_args
-    from cli.replay import add_record_arg
+    from cli.session_tape import add_record_arg
 
     add_attach_args(p)
     add_record_arg(p)

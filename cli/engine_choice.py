@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from cli.attach import attached_engine, check_replicas, make_remote, with_fleet
 from cli.launch import STOP, route_logs, running_engine, stop_engine
-from cli.replay import open_recorder, recorded, session_tape
+from cli.session_tape import open_recorder, recorded, session_tape
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Iterator
     from contextlib import AbstractContextManager
 
-    from cli.replay import SessionTape
+    from cli.session_tape import SessionTape
     from engine.protocol import Engine
     from engine.tape import Tape
 

@@ -87,7 +87,7 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    from cli.replay import add_record_arg
+    from cli.session_tape import add_record_arg
 
     add_record_arg(p)
     return p

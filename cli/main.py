@@ -107,7 +107,7 @@ def app_parser() -> argparse.ArgumentParser:
         help="emulate only this share (0-1] of that pool, when this machine cannot hold all of it",
     )
     add_attach_args(p)
-    from cli.replay import add_tape_args
+    from cli.session_tape import add_tape_args
 
     add_tape_args(p)
     p.add_argument("--version", action="version", version=version_line())
@@ -314,7 +314,7 @@ def _playground(rest: list[str]) -> int:
 
     quiet_native_warnings()
     from cli.engine_choice import playground_engine
-    from cli.replay import resumed_tape
+    from cli.session_tape import resumed_tape
     from tui.app import run_tui
 
     resumed = resumed_tape(args)  # before this session's own tape, which would be newest

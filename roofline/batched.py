@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from roofline.geometry import ModelGeometry
-    from roofline.hardware import HardwareProfile
+    from roofline.hardware_profile import HardwareProfile
 
 
 @dataclass(frozen=True, slots=True)

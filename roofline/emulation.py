@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from engine.errors import BadOption
 from engine.events import EmulationInfo
+from roofline.cpu_calibration import total_memory_bytes
 from roofline.floors import emulated_pool_tokens
-from roofline.hardware import load_geometry, load_profile, total_memory_bytes
+from roofline.hardware import load_geometry, load_profile
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -19,7 +19,7 @@ floor is a bug in the floor's inputs, said as such (`floor_share_words`).
 The KV pool is what vLLM has left for the cache after weights and a reserve for
 activations, out of `memory * gpu_memory_utilization`.
 
-The machine's numbers are a `roofline.hardware.HardwareProfile`, the model's a
+The machine's numbers are a `roofline.hardware_profile.HardwareProfile`, the model's a
 `roofline.geometry.ModelGeometry`. Pure Python on purpose: the TUI, the CLI and the tests
 import it without torch or vLLM.
 """
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import BadOption
 from engine.sizes import MIB
 from roofline.geometry import ModelGeometry
-from roofline.hardware import HardwareProfile
+from roofline.hardware_profile import HardwareProfile
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

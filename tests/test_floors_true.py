@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from bench.sweep_result import SweepMetrics, SweepPoint
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 from engine.fake import FakeEngine
+from roofline.cpu_calibration import calibrate_cpu
 from roofline.floors import (
     FLOOR_BEATEN,
     floor_beaten,
@@ -26,7 +27,7 @@ from roofline.floors import (
     prefill_flops,
     ttft_floor_s,
 )
-from roofline.hardware import calibrate_cpu, load_geometry
+from roofline.hardware import load_geometry
 from tui.estimates import estimate
 from tui.sweep.prompt_view_model import floor_cell
 

@@ -14,6 +14,7 @@ from cli.roofline import add_roofline_parser, parse_int_list, run_roofline
 from engine.errors import BadOption
 from engine.sizes import GIB
 from roofline import hardware
+from roofline.cpu_calibration import calibrate_cpu, calibration_cache_path
 from roofline.floors import (
     RooflineReport,
     concurrent_requests,
@@ -30,14 +31,12 @@ from roofline.floors import (
 )
 from roofline.geometry import ModelGeometry
 from roofline.hardware import (
-    HardwareProfile,
-    calibrate_cpu,
-    calibration_cache_path,
     known_gpus,
     known_models,
     load_geometry,
     load_profile,
 )
+from roofline.hardware_profile import HardwareProfile
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -32,15 +32,14 @@ from tui_helpers import (
 )
 
 from cli.main import main
-from cli.replay import (
+from cli.replay import tape_json, token_times
+from cli.session_tape import (
     RESUME_LATEST,
     SessionRecording,
     SessionTape,
     add_tape_args,
     resume_tape,
     session_tape,
-    tape_json,
-    token_times,
 )
 from engine.clock import VirtualClock
 from engine.events import (
