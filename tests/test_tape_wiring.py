@@ -25,6 +25,7 @@ from test_tape import record_fake_session
 from tui_helpers import (
     engine_ready,
     make_app,
+    notified,
     reply_done,
     send_chat,
     settle,
@@ -384,14 +385,9 @@ async def test_a_size_cap_notice_comes_as_a_toast(tmp_path: Path) -> None:
         await engine_ready(pilot)
         await send_chat(pilot, "Fill the tape.")
         await reply_done(pilot)
-        for _ in range(100):
-            if recorder.notice is not None:
-                break
-            await pilot.pause(0.02)
-        await pilot.pause(0.1)
-        toasts = [n.message for n in app._notifications if n.severity == "warning"]
-        assert toasts and toasts[0].startswith("Recording stopped: the tape")
-        assert "size cap" in toasts[0]
+        toast = await notified(pilot, "Recording stopped: the tape", severity="warning")
+        assert toast.startswith("Recording stopped: the tape")
+        assert "size cap" in toast
     recorder.close()
 
 
@@ -496,8 +492,7 @@ async def test_a_torn_tape_resumes_and_says_so(torn: Path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         await engine_ready(pilot)
         await wait_for_replies(pilot, 2)
-        toasts = [n.message for n in app._notifications]
-        assert any("ends with a line cut mid-write" in t for t in toasts)
+        await notified(pilot, "ends with a line cut mid-write")
         assert app.main_screen.chat.replies()[1].primary.received == 9
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from test_tape import record_fake_session
-from tui_helpers import NARROW, WIDE, make_app, settle, wait_until
+from tui_helpers import NARROW, WIDE, make_app, notified, settle, wait_until
 
 from engine.clock import VirtualClock
 from engine.replay import ReplayEngine
@@ -248,12 +248,10 @@ async def test_nothing_can_be_sent_from_a_replay(pool: Tape) -> None:
         note = main.query_one("#replay-note")
         assert "Replay of kv-pool-preemption.jsonl" in str(note.render())
         assert not await main.send("hello")
-        await pilot.pause()
-        assert any("A replay cannot send a message" in n.message for n in app._notifications)
+        await notified(pilot, "A replay cannot send a message")
         await pilot.press("f5")  # the sweep needs an engine: refused, in words
-        await pilot.pause()
+        await notified(pilot, "cannot run a sweep")
         assert not isinstance(app.screen, SweepScreen)
-        assert any("cannot run a sweep" in n.message for n in app._notifications)
         await pilot.press("ctrl+n")  # the tape decides when a chat starts
         assert main.replay.position == 0
         await pilot.press("f1")

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.widgets import Input
 
@@ -24,6 +24,7 @@ from tui.settings import CONFIG_DIR_ENV, AppSettings
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from textual.app import App
     from textual.pilot import Pilot
 
     from engine.events import EmulationInfo, ModelCard, ProgressCallback
@@ -135,6 +136,30 @@ async def wait_until(
         await pilot.pause(0.01)
 
 
+def screen_lines(app: App[Any], rows: int | None = None) -> list[str]:
+    """The screen as the compositor draws it now, one string per row (trailing spaces cut):
+    all rows, or the first `rows`."""
+    return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()[:rows]]
+
+
+async def notified(pilot: Pilot[int], text: str, *, severity: str | None = None) -> str:
+    """Wait until a notification containing `text` is up, and return its message. A notice
+    is a message the app posts to itself, so a fixed pause may come before it is handled
+    on a loaded machine."""
+    app = pilot.app
+
+    def found() -> str | None:
+        for n in app._notifications:
+            if text in n.message and (severity is None or n.severity == severity):
+                return n.message
+        return None
+
+    await wait_until(pilot, lambda: found() is not None, what=f"a notification with {text!r}")
+    message = found()
+    assert message is not None
+    return message
+
+
 async def engine_ready(pilot: Pilot[int], timeout: float = 30.0, *, quiet: bool = True) -> None:
     """The engine started and the screen settled (`quiet`: see `settle`)."""
     app = pilot.app
@@ -184,6 +209,36 @@ async def reply_done(pilot: Pilot[int], timeout: float = 10.0, *, quiet: bool = 
     await wait_until(pilot, lambda: not main.busy, timeout, "the reply to finish")
     await app.workers.wait_for_complete()
     await settle(pilot, quiet=quiet)
+
+
+async def palette_open(pilot: Pilot[int], placeholder: str = "Search for commands…") -> None:
+    """Until Textual's command palette with this placeholder is on screen and takes what
+    is typed: keys pressed before it has focus would reach the screen beneath."""
+    from textual.command import CommandInput, CommandPalette
+
+    def open_() -> bool:
+        palette = pilot.app.screen
+        if not isinstance(palette, CommandPalette):
+            return False
+        search = palette.query_one(CommandInput)
+        return search.placeholder == placeholder and pilot.app.focused is search
+
+    await wait_until(pilot, open_, what=f"the command palette ({placeholder})")
+
+
+async def palette_offers(pilot: Pilot[int], command: str) -> None:
+    """Until the command palette's search for what was typed is in and `command` is the
+    highlighted hit: what Enter runs."""
+    from textual.command import Command, CommandList, CommandPalette
+
+    def offered() -> bool:
+        palette = pilot.app.screen
+        if not isinstance(palette, CommandPalette):
+            return False
+        option = palette.query_one(CommandList).highlighted_option
+        return isinstance(option, Command) and option.hit.text == command
+
+    await wait_until(pilot, offered, what=f"the command palette to offer {command!r}")
 
 
 async def send_chat(pilot: Pilot[int], text: str) -> None:
