@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from engine.remote.kv_events import KvBatch, KvEvent
+from engine.remote.kv_event_wire import KvBatch, KvEvent
 
 if TYPE_CHECKING:
     from collections.abc import Callable

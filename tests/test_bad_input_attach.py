@@ -692,7 +692,7 @@ def _stored(hashes: list[Any], block_size: Any = 16, tokens: int = 16) -> dict[s
 
 
 def test_bad_kv_events_are_dropped_and_the_rest_kept() -> None:
-    from engine.remote.kv_events import decode_batch
+    from engine.remote.kv_event_wire import decode_batch
 
     batch = decode_batch(
         _batch(
@@ -728,12 +728,9 @@ def test_the_kv_event_thread_survives_garbage_floods_and_huge_frames(
 ) -> None:
     import zmq
 
-    from engine.remote.kv_events import (
-        MAX_FRAME_BYTES,
-        EventSource,
-        KvEventSubscriber,
-        PrefixCacheIndex,
-    )
+    from engine.remote.kv_event_sources import EventSource
+    from engine.remote.kv_event_subscriber import MAX_FRAME_BYTES, KvEventSubscriber
+    from engine.remote.prefix_cache_index import PrefixCacheIndex
 
     port = free_port()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

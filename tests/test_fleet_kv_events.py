@@ -14,7 +14,7 @@ from engine.fleet.fleet_state import FleetTracker
 from engine.fleet.prefix_index import FleetPrefixIndex
 from engine.fleet.replica_kv_events import FleetKvEvents
 from engine.fleet.replicas import parse_replicas
-from engine.remote.kv_events import NO_EVENTS
+from engine.remote.kv_event_sources import NO_EVENTS
 from engine.remote.metrics import ScrapeStatus
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from engine.fleet.attribution import (
 )
 from engine.fleet.prefix_index import FleetPrefixIndex
 from engine.fleet.replicas import ReplicaSet, parse_replicas
-from engine.remote.kv_events import KvEvent
+from engine.remote.kv_event_wire import KvEvent
 
 SYSTEM = 1  # the system prompt's block: every session starts with it
 

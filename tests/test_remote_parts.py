@@ -22,15 +22,11 @@ from engine.errors import ServerUnreachable
 from engine.events import RequestAccepted, RequestFinished, TokenEvent
 from engine.remote import RemoteEngine
 from engine.remote.client import SseDecoder, normalize_url, parse_too_long, resolve_api_key
-from engine.remote.kv_events import (
-    KV_EVENTS_FLAGS,
-    EventSource,
-    KvEventSubscriber,
-    PrefixCacheIndex,
-    decode_batch,
-    plan_sources,
-)
+from engine.remote.kv_event_sources import KV_EVENTS_FLAGS, EventSource, plan_sources
+from engine.remote.kv_event_subscriber import KvEventSubscriber
+from engine.remote.kv_event_wire import decode_batch
 from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_sample
+from engine.remote.prefix_cache_index import PrefixCacheIndex
 from engine.remote.streaming import ReplyAssembler
 from engine.request_book import RequestTimes
 
@@ -54,7 +50,7 @@ for name in ("vllm", "torch", "transformers"):
     sys.modules[name] = None  # any import of them now fails
 import engine.remote
 from engine.remote import RemoteEngine
-from engine.remote.kv_events import decode_batch
+from engine.remote.kv_event_wire import decode_batch
 from engine.remote.metrics import cache_info, parse_metrics
 from engine.errors import ServerUnreachable
 import base64, json

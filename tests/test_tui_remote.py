@@ -20,8 +20,9 @@ from engine.events import PrefixCacheView, RemoteCapabilities, ScrapeSample, Ste
 from engine.fake import FakeEngine
 from engine.features import EngineFeatures
 from engine.listeners import Listeners
-from engine.remote.kv_events import PrefixCacheIndex, decode_batch
+from engine.remote.kv_event_wire import decode_batch
 from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_sample
+from engine.remote.prefix_cache_index import PrefixCacheIndex
 from tui.app import KvscopeApp
 from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.remote_state import RemoteStateView

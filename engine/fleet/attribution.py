@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.remote.vllm_metrics import ROUTER_PROCESSED
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from engine.fleet.prefix_index import ActivityMark
     from engine.fleet.replicas import ReplicaSet
-
-ROUTER_PROCESSED = "vllm_router_processed_requests_total"
 
 Source = Literal["round robin", "router header", "router metrics", "kv events", "none"]
 

@@ -34,7 +34,7 @@ from engine.fleet.prefix_index import FleetPrefixIndex
 from engine.fleet.replica_kv_events import OFF, FleetKvEvents, http_discover
 from engine.fleet.round_robin import RoundRobinEngine
 from engine.remote import RemoteEngine
-from engine.remote.kv_events import NO_EVENTS
+from engine.remote.kv_event_sources import NO_EVENTS
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping

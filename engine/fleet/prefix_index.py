@@ -24,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from engine.remote.kv_events import BlockHash, KvBatch, PrefixCacheIndex, decode_batch
+from engine.remote.kv_event_wire import BlockHash, KvBatch, decode_batch
+from engine.remote.prefix_cache_index import PrefixCacheIndex
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

@@ -4,9 +4,9 @@ One engine/remote `KvEventSubscriber` per replica that publishes events, found t
 the single-server attach finds one (`GET /kv_event_sources` on the replica, then
 `plan_sources`), or given by `--replica-kv-events NAME=ENDPOINT`. Each fills
 `FleetPrefixIndex.index_for(name)` and counts per-session activity through
-`batch_hook(name)`. What bounds one server's stream bounds each replica's (frame size,
-queue, hashes per event, index size: engine/remote/kv_events.py); the drops are counted
-per replica and said in the fleet view.
+`batch_hook(name)`. What bounds one server's stream bounds each replica's (frame size and
+queue: engine/remote/kv_event_subscriber.py; hashes per event: kv_event_wire.py; index
+size: prefix_cache_index.py); the drops are counted per replica and said in the fleet view.
 
 A replica that did not answer at attach is asked again when its scrapes come back
 (`reachable`), and one that comes back after being down is replayed from scratch.
@@ -22,7 +22,8 @@ import httpx
 
 from engine.errors import BadOption
 from engine.remote.client import auth_headers, url_host
-from engine.remote.kv_events import NO_EVENTS, KvEventSubscriber, plan_sources
+from engine.remote.kv_event_sources import NO_EVENTS, plan_sources
+from engine.remote.kv_event_subscriber import KvEventSubscriber
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.remote.engine import REMOTE_LIMITS, RemoteEngine
-    from engine.remote.kv_events import KV_EVENTS_FLAGS
+    from engine.remote.engine import RemoteEngine
+    from engine.remote.kv_event_sources import KV_EVENTS_FLAGS
+    from engine.remote.server_watch import REMOTE_LIMITS
 
 __all__ = ["KV_EVENTS_FLAGS", "REMOTE_LIMITS", "RemoteEngine"]
 
@@ -26,12 +27,16 @@ __all__ = ["KV_EVENTS_FLAGS", "REMOTE_LIMITS", "RemoteEngine"]
 def __getattr__(name: str) -> Any:
     # Imported on first use: the CLI's parsers read engine.remote.timeouts for --help,
     # which must not pay for httpx, ZMQ and prometheus_client.
-    if name in ("REMOTE_LIMITS", "RemoteEngine"):
+    if name == "RemoteEngine":
         from engine.remote import engine
 
-        return getattr(engine, name)
-    if name == "KV_EVENTS_FLAGS":
-        from engine.remote import kv_events
+        return engine.RemoteEngine
+    if name == "REMOTE_LIMITS":
+        from engine.remote import server_watch
 
-        return kv_events.KV_EVENTS_FLAGS
+        return server_watch.REMOTE_LIMITS
+    if name == "KV_EVENTS_FLAGS":
+        from engine.remote import kv_event_sources
+
+        return kv_event_sources.KV_EVENTS_FLAGS
     raise AttributeError(f"module 'engine.remote' has no attribute {name!r}")

@@ -2,9 +2,11 @@
 
 Three channels, each on its own thread, none needing vLLM, torch or a GPU here:
 - requests stream over the OpenAI API (httpx on one asyncio loop thread, so token arrival
-  times do not depend on how busy the consumer's loop is);
+  times do not depend on how busy the consumer's loop is): this module;
 - engine state comes from Prometheus /metrics, scraped about 5 times a second;
 - the prefix-cache index comes from vLLM's KV events (ZMQ), when the server publishes them.
+The last two watch the server rather than drive it: the engine's ServerWatch
+(server_watch.py) holds them, and the engine hands its scrapes, cache and capabilities on.
 
 What a remote engine cannot show, it says (`capabilities`): there are no step boundaries
 (engine samples are scrapes), no physical block IDs (blocks are known by hash), and tokens
@@ -36,7 +38,6 @@ from engine.errors import (
     KvscopeError,
     PromptTooLong,
     RequestRejected,
-    ServerUnreachable,
 )
 from engine.events import (
     ChatMessage,
@@ -52,7 +53,6 @@ from engine.events import (
     StepListener,
 )
 from engine.features import REMOTE_DEVICE_PREFIX, EngineFeatures
-from engine.listeners import Listeners, StepListeners
 from engine.remote.client import (
     EventTooLarge,
     ServerAnswer,
@@ -67,26 +67,10 @@ from engine.remote.client import (
     parse_too_long,
     resolve_api_key,
     transport_failure,
-    url_host,
-)
-from engine.remote.kv_events import (
-    KV_EVENTS_FLAGS,
-    NO_EVENTS,
-    KvEventSubscriber,
-    PrefixCacheIndex,
-    plan_sources,
-)
-from engine.remote.metrics import (
-    CacheInfo,
-    MetricsScraper,
-    ScrapeState,
-    ScrapeStatus,
-    cache_info,
-    parse_metrics,
-    step_sample,
 )
 from engine.remote.prompts import RemotePrompts
 from engine.remote.relay import Relay
+from engine.remote.server_watch import ServerWatch
 from engine.remote.streaming import ReplyAssembler, StreamError
 from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts, Wait, Watchdog
 from engine.remote.transport import LeanTransport, lean_transport_fits
@@ -103,17 +87,10 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
+    from engine.remote.metrics import CacheInfo
+
 log = logging.getLogger("kvscope")
 
-REMOTE_LIMITS = (
-    "No step boundaries are visible remotely: engine samples are /metrics scrapes "
-    "(about every 200 ms), and their prefill/decode counts are the server's token counters' "
-    "growth between two scrapes, not one step's split.",
-    "The server sends no physical block IDs: occupancy is KV usage × total blocks, and "
-    "cached blocks are known by hash from KV events.",
-    "Token times are when each chunk reached this client; tokens that arrive in one chunk "
-    "share one time.",
-)
 UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_per_token")
 # httpx's transport (https, proxies): no limit on connections (httpx's default of 100
 # would queue every stream past the 100th), and idle ones kept for the next requests.
@@ -187,27 +164,16 @@ class RemoteEngine:
         self.model = ""
         self.attachments = 0  # times attached: 1 after start(), +1 per re-attach
         self._card: ModelCard | None = None
-        self._cache: CacheInfo | None = None
-        self._listeners = StepListeners()
-        self._scrape_listeners: Listeners[ScrapeSample] = Listeners()
+        # The server watched beside the requests: /metrics, KV events, what can be shown.
+        self._watch = ServerWatch(self.url, on_pool=self._pool_changed, on_back=self._reattach)
         self._control: ServerClient | None = None
         self._prompts: RemotePrompts | None = None
-        self._scraper: MetricsScraper | None = None
-        self._scrape_client: ServerClient | None = None
-        self._scrape_status = ScrapeStatus(True, False, "not attached yet")
-        self._bad_at_attach = 0  # /metrics samples dropped at attach (the scraper counts on)
-        self._first_bad = ""
-        self._last_scrape: ScrapeSample | None = None
-        self._index = PrefixCacheIndex()
-        self._kv: KvEventSubscriber | None = None
-        self._kv_note = "not attached yet"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
         # Only open streams: the server, not this client, runs the requests.
         self._book: RequestBook[_Live] = RequestBook()
         self._sessions: dict[str, str] = {}  # request ID -> session ID
-        self._server_timings: bool | None = None
         self._lock = threading.Lock()
         # One relay per consumer loop; a loop that is gone takes its relay with it.
         self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Relay] = (
@@ -237,22 +203,7 @@ class RemoteEngine:
         try:
             model, max_len, root = self._pick_model(control)
             report(LoadProgress("reading the KV pool from /metrics", 0.4))
-            state = ScrapeState(model)
-            self._scrape_status = ScrapeStatus(True, False, "")
-            try:
-                parsed = parse_metrics(control.text(self.metrics_path))
-                self._bad_at_attach, self._first_bad = parsed.bad, parsed.first_bad
-                self._cache = cache_info(parsed)
-                if parsed.has_vllm:
-                    self._last_scrape = state.update(parsed, time.perf_counter(), self._cache)
-                    self._scrape_status = ScrapeStatus(True, True, "")
-                else:
-                    self._scrape_status = self._metrics_missing(None)
-            except (KvscopeError, ServerAnswer, ValueError, ArithmeticError) as exc:
-                if isinstance(exc, AuthRequired | ServerUnreachable):
-                    raise
-                self._cache = None
-                self._scrape_status = self._classify_scrape_error(exc)
+            state = self._watch.read_pool(control, model, self.metrics_path)
             self.model = model
             self._card = self._make_card(model, max_len, root)
             self._control = control
@@ -261,10 +212,12 @@ class RemoteEngine:
             control.close()
             raise
         report(LoadProgress("subscribing to KV events", 0.7))
-        self._start_kv_events(control)
+        self._watch.follow_kv_events(control, self.kv_events_setting)
         report(LoadProgress("opening the request and metrics channels", 0.85))
         self._start_loop()
-        self._start_scraper(state)
+        self._watch.start_scraping(
+            state, self._client(self.timeouts.scrape()), self.scrape_interval_s
+        )
         self.attachments += 1
         report(LoadProgress("ready", 1.0))
         return self._card
@@ -316,7 +269,7 @@ class RemoteEngine:
         return str(chosen["id"]), max_len, root if isinstance(root, str) and root else chosen["id"]
 
     def _make_card(self, model: str, max_len: int, root: str) -> ModelCard:
-        cache = self._cache
+        cache = self._watch.cache
         unknown = list(UNKNOWN_FIELDS)
         if cache is None:
             unknown += ["block_size", "total_blocks"]
@@ -338,15 +291,7 @@ class RemoteEngine:
 
     def shutdown(self) -> None:
         """Close every channel; requests still streaming end as aborted."""
-        if self._scraper is not None:
-            self._scraper.stop()
-            self._scraper = None
-        if self._scrape_client is not None:
-            self._scrape_client.close()
-            self._scrape_client = None
-        if self._kv is not None:
-            self._kv.stop()
-            self._kv = None
+        self._watch.stop()
         loop, thread = self._loop, self._loop_thread
         if loop is not None and thread is not None:
             for live in self._book.open_streams():
@@ -506,7 +451,7 @@ class RemoteEngine:
                         for data in decoder.feed(raw):
                             if data.strip() == "[DONE]":
                                 live.put_threadsafe(reply.finish(time.perf_counter()))
-                                self._saw_timings(reply)
+                                self._watch.server_timings = reply.metrics is not None
                                 return
                             chunk = json.loads(data)
                             if not isinstance(chunk, dict):
@@ -549,9 +494,6 @@ class RemoteEngine:
         except Exception as exc:  # never leave the consumer waiting
             log.exception("kvscope: remote request failed")
             live.put_threadsafe(RequestRejected(rid, f"unexpected client error: {exc}"))
-
-    def _saw_timings(self, reply: ReplyAssembler) -> None:
-        self._server_timings = reply.metrics is not None
 
     async def _refusal(self, live: _Live, response: httpx.Response) -> KvscopeError:
         """The typed error for a non-200 answer to a request."""
@@ -640,61 +582,47 @@ class RemoteEngine:
         """The session ID a request was sent with."""
         return self._sessions.get(request_id)
 
-    # -- engine state: /metrics ----------------------------------------------------------------
+    # -- the server, watched beside the requests (server_watch.py) ----------------------------
     def add_step_listener(self, listener: StepListener) -> Callable[[], None]:
         """StepSamples made from scrapes (see REMOTE_LIMITS): one per scrape."""
-        return self._listeners.add(listener)
+        return self._watch.add_step_listener(listener)
 
     def add_scrape_listener(self, listener: ScrapeListener) -> Callable[[], None]:
         """The full ScrapeSample of every scrape, from the scraper's thread."""
-        return self._scrape_listeners.add(listener)
+        return self._watch.add_scrape_listener(listener)
 
     @property
     def last_scrape(self) -> ScrapeSample | None:
-        return self._last_scrape
+        return self._watch.last_scrape
 
-    def _start_scraper(self, state: ScrapeState) -> None:
-        client = self._client(self.timeouts.scrape())
-        path = self.metrics_path
-        self._scraper = MetricsScraper(
-            fetch=lambda: client.text(path),
-            state=state,
-            on_sample=self._on_scrape,
-            on_status=self._on_scrape_status,
-            classify=self._classify_scrape_error,
-            interval_s=self.scrape_interval_s,
-        )
-        self._scraper.status = self._scrape_status
-        self._scraper.start()
-        self._scrape_client = client
+    def prefix_cache(self) -> PrefixCacheView:
+        """The cached blocks the server reported, by hash and session; never block IDs."""
+        return self._watch.prefix_cache()
 
-    def _on_scrape(self, sample: ScrapeSample, cache: CacheInfo | None) -> None:
-        self._last_scrape = sample
-        if cache is not None and cache != self._cache:
-            self._cache = cache
-            if self._card is not None:
-                self._card = dataclasses.replace(
-                    self._card,
-                    block_size=cache.block_size,
-                    total_blocks=cache.total_blocks,
-                    unknown=tuple(
-                        f for f in self._card.unknown if f not in ("block_size", "total_blocks")
-                    ),
-                )
-        self._scrape_listeners.emit(sample)
-        self._listeners.emit(step_sample(sample))
+    @property
+    def bad_samples(self) -> tuple[int, str]:
+        """/metrics samples dropped since attach, and why the first one was."""
+        return self._watch.bad_samples
 
-    def _on_scrape_status(self, status: ScrapeStatus) -> None:
-        was_reachable = self._scrape_status.reachable
-        self._scrape_status = status
-        if status.reachable and not was_reachable:
-            self._reattach()
+    @property
+    def capabilities(self) -> RemoteCapabilities:
+        return self._watch.capabilities
+
+    def _pool_changed(self, cache: CacheInfo) -> None:
+        """A scrape told a different KV pool: the card says it from now on."""
+        if self._card is not None:
+            self._card = dataclasses.replace(
+                self._card,
+                block_size=cache.block_size,
+                total_blocks=cache.total_blocks,
+                unknown=tuple(
+                    f for f in self._card.unknown if f not in ("block_size", "total_blocks")
+                ),
+            )
 
     def _reattach(self) -> None:
-        """The server answers again after being gone: refresh the card, reset the index."""
+        """The server answers again after being gone: refresh the card and the model."""
         self.attachments += 1
-        if self._kv is not None:
-            self._kv.reset()
         client = self._client(self.timeouts.scrape())
         try:
             model, max_len, _root = self._pick_model(client)
@@ -710,117 +638,6 @@ class RemoteEngine:
             log.info("kvscope: re-attach to %s: %s", self.url, exc)
         finally:
             client.close()
-
-    def _metrics_missing(self, exc: BaseException | None) -> ScrapeStatus:
-        why = f" ({exc})" if exc else ""
-        return ScrapeStatus(
-            True,
-            False,
-            f"The server at {self.url} gives no vLLM metrics at {self.metrics_path}{why}, so "
-            "KV usage, queues and server-side latencies cannot be shown; chat still works. "
-            "vLLM serves /metrics unless a proxy hides it.",
-        )
-
-    def _classify_scrape_error(self, exc: BaseException) -> ScrapeStatus:
-        if isinstance(exc, ServerUnreachable):
-            return ScrapeStatus(
-                False,
-                False,
-                f"The server at {self.url} does not answer ({exc.detail}); kvscope re-attaches "
-                "when it is back.",
-            )
-        if isinstance(exc, AuthRequired):
-            return ScrapeStatus(True, False, exc.plain())
-        return self._metrics_missing(exc)
-
-    # -- the prefix-cache index: KV events -----------------------------------------------------
-    def _start_kv_events(self, control: ServerClient) -> None:
-        self._index = PrefixCacheIndex()
-        setting = self.kv_events_setting
-        if setting is None:
-            self._kv_note = "KV events are off in this client. " + NO_EVENTS.split(". ", 1)[1]
-            return
-        if setting == "auto":
-            try:
-                config = control.json("GET", "/kv_event_sources")
-            except (ServerAnswer, KvscopeError) as exc:
-                config = {}
-                log.info("kvscope: /kv_event_sources: %s", exc)
-            if not isinstance(config, dict):
-                config = {}
-        else:
-            config = {"0": {"enable_kv_cache_events": True, "endpoint": setting}}
-        sources, note = plan_sources(config, url_host(self.url))
-        if not sources:
-            self._kv_note = note
-            return
-        subscriber = KvEventSubscriber(sources, self._index)
-        problem = subscriber.start()
-        if problem:
-            self._kv_note = problem
-            return
-        self._kv = subscriber
-        self._kv_note = ""
-
-    def prefix_cache(self) -> PrefixCacheView:
-        """The cached blocks the server reported, by hash and session; never block IDs."""
-        kv = self._kv
-        return self._index.view(
-            replayed=kv.replayed if kv else 0,
-            missed=kv.missed if kv else 0,
-            receiving=kv.receiving if kv else False,
-            note=self._kv_events_note(),
-        )
-
-    def _kv_events_note(self) -> str:
-        kv = self._kv
-        if kv is None:
-            return self._kv_note
-        if self._cache is not None and self._cache.prefix_caching is False:
-            return (
-                "The server runs without prefix caching, so it caches no blocks and sends no "
-                f"KV events; start it with {KV_EVENTS_FLAGS}."
-            )
-        if not kv.receiving:
-            size = self._cache.block_size if self._cache else 0
-            fill = f" of {size} tokens" if size else ""
-            return (
-                "Listening for KV events; none yet. The server sends them when a prompt "
-                f"fills a whole block{fill}."
-            )
-        blocks = len(self._index)
-        return f"{blocks:,} cached blocks known from KV events (by hash; no block IDs)."
-
-    # -- what can be shown -----------------------------------------------------------------------
-    @property
-    def bad_samples(self) -> tuple[int, str]:
-        """/metrics samples dropped since attach, and why the first one was."""
-        scraper = self._scraper
-        count = self._bad_at_attach + (scraper.bad_samples if scraper else 0)
-        return count, self._first_bad or (scraper.first_bad if scraper else "")
-
-    def _bad_samples_note(self) -> str:
-        count, first = self.bad_samples
-        if not count:
-            return ""
-        s = "" if count == 1 else "s"
-        return f"{count:,} bad sample{s} from /metrics dropped (the first: {first})."
-
-    @property
-    def capabilities(self) -> RemoteCapabilities:
-        status = self._scrape_status
-        kv = self._kv
-        bad = self._bad_samples_note()
-        return RemoteCapabilities(
-            url=self.url,
-            reachable=status.reachable,
-            metrics=status.available,
-            metrics_note=" ".join(n for n in (status.note, bad) if n),
-            kv_events=kv is not None and kv.receiving,
-            kv_events_note=self._kv_events_note(),
-            server_timings=self._server_timings,
-            notes=REMOTE_LIMITS,
-        )
 
 
 if TYPE_CHECKING:  # mypy checks that RemoteEngine keeps to the Engine protocol

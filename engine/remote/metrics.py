@@ -4,6 +4,7 @@ Parsing is prometheus_client's own (`text_string_to_metric_families`); nothing h
 the text by hand. `ScrapeState` turns consecutive scrapes into ScrapeSamples: gauges as
 they are, counters as rates between scrapes, histograms as deltas since attach. Every
 metric carries an `engine` label (the data-parallel rank): each label gets its own row.
+Which metrics those are, by name, is engine/remote/vllm_metrics.py's to say.
 
 Every vllm: sample is checked before it is kept (`_check`): a finite value, not below 0
 (a usage fraction at most 1), an `engine` label of plain ASCII, an `le` that is a number.
@@ -25,30 +26,27 @@ from typing import TYPE_CHECKING
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.events import EngineRow, HistogramDelta, ScrapeSample, StepSample
+from engine.remote import vllm_metrics as vm
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 log = logging.getLogger("kvscope")
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-CACHE_INFO = "vllm:cache_config_info"
-
+# kvscope's key for each counter and histogram it reads (the histograms' keys are
+# ScrapeSample's field names).
 COUNTERS = {
-    "prompt": "vllm:prompt_tokens_total",
-    "generation": "vllm:generation_tokens_total",
-    "preemptions": "vllm:num_preemptions_total",
-    "queries": "vllm:prefix_cache_queries_total",
-    "hits": "vllm:prefix_cache_hits_total",
+    "prompt": vm.PROMPT_TOKENS,
+    "generation": vm.GENERATION_TOKENS,
+    "preemptions": vm.PREEMPTIONS,
+    "queries": vm.PREFIX_CACHE_QUERIES,
+    "hits": vm.PREFIX_CACHE_HITS,
 }
 HISTOGRAMS = {
-    "ttft": "vllm:time_to_first_token_seconds",
-    "itl": "vllm:inter_token_latency_seconds",
-    "queue_time": "vllm:request_queue_time_seconds",
-    "e2e": "vllm:e2e_request_latency_seconds",
+    "ttft": vm.TIME_TO_FIRST_TOKEN,
+    "itl": vm.INTER_TOKEN_LATENCY,
+    "queue_time": vm.QUEUE_TIME,
+    "e2e": vm.E2E_LATENCY,
 }
 
 Labels = dict[str, str]
@@ -73,13 +71,13 @@ class ParsedMetrics:
 
     @property
     def has_vllm(self) -> bool:
-        return any(name.startswith("vllm:") for name in self.samples)
+        return any(name.startswith(vm.PREFIX) for name in self.samples)
 
 
 # The label values kvscope reads as names: ASCII words, as vLLM writes them.
 _LABEL_WORD = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 # Fractions of the pool: 1 plus rounding at most.
-_FRACTIONS = (KV_USAGE,)
+_FRACTIONS = (vm.KV_USAGE,)
 _FRACTION_SLACK = 1e-6
 
 
@@ -114,13 +112,13 @@ def _families(text: str, parsed: ParsedMetrics) -> list[tuple[str, Labels, float
             (s.name, dict(s.labels), s.value)
             for family in text_string_to_metric_families(text)
             for s in family.samples
-            if s.name.startswith("vllm:")
+            if s.name.startswith(vm.PREFIX)
         ]
     except Exception:  # prometheus_client raises ValueError, TypeError, IndexError, ...
         pass
     out: list[tuple[str, Labels, float]] = []
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(vm.PREFIX):
             continue  # comments, other exporters' samples: not read, so not checked
         try:
             for family in text_string_to_metric_families(line + "\n"):
@@ -183,7 +181,7 @@ def _int(value: str | None, limit: int = 1 << 62) -> int | None:
 
 
 def cache_info(parsed: ParsedMetrics) -> CacheInfo | None:
-    rows = parsed.get(CACHE_INFO)
+    rows = parsed.get(vm.CACHE_INFO)
     if not rows:
         return None
     labels = rows[0][0]
@@ -240,7 +238,7 @@ def _snapshot(parsed: ParsedMetrics, model: str | None) -> _Snapshot:
         for engine, value in per_engine(name).items():
             counters.setdefault(engine, {})[key] = value
     by_reason: dict[str, dict[str, float]] = {}
-    for labels, value in parsed.get(WAITING_BY_REASON):
+    for labels, value in parsed.get(vm.WAITING_BY_REASON):
         if _mine(labels, model):
             engine = labels.get("engine", "0")
             by_reason.setdefault(engine, {})[labels.get("reason", "?")] = value
@@ -256,10 +254,10 @@ def _snapshot(parsed: ParsedMetrics, model: str | None) -> _Snapshot:
         histograms[key] = (buckets, count, total)
     return _Snapshot(
         counters=counters,
-        running=per_engine(RUNNING),
-        waiting=per_engine(WAITING),
+        running=per_engine(vm.RUNNING),
+        waiting=per_engine(vm.WAITING),
         waiting_by_reason=by_reason,
-        usage=per_engine(KV_USAGE),
+        usage=per_engine(vm.KV_USAGE),
         histograms=histograms,
     )
 
@@ -490,7 +488,7 @@ class MetricsScraper:
         if not parsed.has_vllm:
             self._set(
                 ScrapeStatus(
-                    True, False, "the metrics endpoint answered, but with no vllm: metrics"
+                    True, False, f"the metrics endpoint answered, but with no {vm.PREFIX} metrics"
                 )
             )
             return None
