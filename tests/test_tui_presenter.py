@@ -193,7 +193,7 @@ async def test_the_spike_line_stays_when_the_focus_moves_on() -> None:
         await _four_copies(pilot)
         await pilot.press("f6")  # the latency box takes the focus and explains a token
         await settle(pilot)
-        from tui.widgets.request_timeline import LatencyBox
+        from tui.widgets.latency_box import LatencyBox
 
         box = app.main_screen.engine_panel.query_one(LatencyBox)
         words = box.spike_text

@@ -18,7 +18,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Input, ProgressBar, Static
 from tui_helpers import NARROW, WIDE, HoldingClock, engine_ready, make_app, wait_until
 
-import tui.sweep.screen as sweep_module
+import tui.sweep.load_pane as sweep_module
 from bench.load_result import LoadPoint
 from bench.load_runner import LoadTick
 from bench.sweep_files import SavedLoad, load_saved

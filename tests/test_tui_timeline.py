@@ -22,11 +22,11 @@ from tui.app import KvscopeApp
 from tui.figures import itl_figure
 from tui.screens.help import HelpScreen
 from tui.telemetry.buffers import Telemetry
+from tui.widgets.latency_box import LatencyBox
 from tui.widgets.plot import Plot
 from tui.widgets.request_timeline import (
     GLYPHS,
     WORST,
-    LatencyBox,
     RequestTimeline,
     build_scale,
     lay_out,

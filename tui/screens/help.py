@@ -16,8 +16,8 @@ from textual.widgets import Markdown, Static
 from tui.screens.main import MainScreen
 from tui.screens.replay import ReplayScreen
 from tui.widgets.count_stepper import CountStepper
+from tui.widgets.latency_box import LatencyBox
 from tui.widgets.prompt_length_slider import PromptLengthSlider
-from tui.widgets.request_timeline import LatencyBox
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

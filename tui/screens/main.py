@@ -46,9 +46,9 @@ from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
 from tui.widgets.engine_panel import EnginePanel
+from tui.widgets.latency_box import LatencyBox
 from tui.widgets.model_card import ModelCardView
 from tui.widgets.pruned_footer import PrunedFooter
-from tui.widgets.request_timeline import LatencyBox
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

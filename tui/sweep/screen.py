@@ -1,18 +1,19 @@
 """SweepScreen: a prompt-length sweep or a load sweep (F4 switches), plotted as its points
 arrive, exported as JSON/CSV, and compared with a saved one (F9).
 
-The load sweep runs `bench.load_runner.run_load`, the runner behind `kvscope bench
---concurrency 1,2,4,8`, and draws the playground's throughput-vs-latency figure."""
+The screen holds its composition, its keys, the mode, what both modes share (F6 and the
+run's worker, the progress bar, the status line) and the prompt-length mode. The load
+mode is a pane of its own (`load_pane.LoadPane`), and the files it writes and reads are
+`files`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import platformdirs
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding, BindingType
@@ -22,19 +23,16 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Header, Input, Label, ProgressBar, Static
 
-from bench.load_result import LoadPoint, LoadResult
-from bench.load_runner import run_load
 from bench.sweep import floors_for_card, run_sweep
-from bench.sweep_files import SavedLoad, SweepFileError, load_saved
-from bench.sweep_result import SweepConfig, SweepPoint, SweepResult, fresh_seed
+from bench.sweep_files import SavedLoad
+from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import KvscopeError
-from engine.paths import private_dir, write_private
 from engine.stats import percentile
 from tui import format as fmt
-from tui.live_load import load_ceiling
+from tui.sweep import files
+from tui.sweep.load_pane import LoadPane
 from tui.sweep.load_results import LoadSweepResults
-from tui.sweep.load_view_model import LoadForm, LoadProgress, done_words, read_load_form
-from tui.sweep.overlay import LoadOverlay, Overlay, overlay_text
+from tui.sweep.overlay import Overlay, overlay_text
 from tui.sweep.prompt_view_model import (
     KEY,
     KEY_ITL,
@@ -51,25 +49,15 @@ from tui.widgets.plot import Plot
 from tui.widgets.pruned_footer import PrunedFooter
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from textual.app import ComposeResult
 
-    from bench.load_runner import Ceiling, LoadTick
+    from bench.load_result import LoadResult
+    from bench.sweep_files import SavedSweep
     from engine.events import RequestFinished
     from engine.protocol import Engine
     from tui.plotting import PlotRenderer
+    from tui.sweep.overlay import LoadOverlay
     from tui.telemetry.host_watch import HostWatch
-
-
-def sweeps_folder() -> Path:
-    """Where exports go unless told otherwise, written with `~` for the home folder: not
-    the working folder, which in a clone of kvscope is the repository."""
-    folder = Path(platformdirs.user_data_dir("kvscope")) / "sweeps"
-    try:
-        return Path("~") / folder.relative_to(Path.home())
-    except ValueError:
-        return folder
 
 
 SweepMode = Literal["length", "load"]
@@ -77,18 +65,16 @@ SweepMode = Literal["length", "load"]
 EXPORT_NAMES: dict[SweepMode, str] = {"length": "kvscope-sweep", "load": "kvscope-load"}
 MODE_WORDS: dict[SweepMode, str] = {"length": "prompt-length sweep", "load": "load sweep"}
 SWEPT: dict[SweepMode, str] = {"length": "prompt length", "load": "load"}
-LOAD_FIELDS = (
-    ("load levels", "load-levels", "levels"),
-    ("prompt tokens", "load-prompt-len", "prompt_len"),
-    ("output tokens", "load-output-len", "output_len"),
-    ("requests/level", "load-requests", "requests"),
-    ("warm-up", "load-warmup", "warmup"),
-)
-"""(label, input id, LoadForm field) of the load mode's form."""
+NOTHING_YET: dict[SweepMode, tuple[str, str]] = {
+    "length": ("no prompt length has finished all its runs yet", "run a sweep first"),
+    "load": ("no load level has finished yet", "run a load sweep first"),
+}
+"""Why F7/F8 have nothing to write yet: during a run, and before any."""
 
 
 class SweepScreen(Screen[None]):
-    """Runs `bench.sweep.run_sweep` in a worker; points are drawn as they come in."""
+    """Runs `bench.sweep.run_sweep` in a worker; points are drawn as they come in. In the
+    load mode the worker runs the `LoadPane`'s load sweep instead."""
 
     CSS_PATH = "screen.tcss"
     # Narrow (80x24): the form, the plots and the whole table one under the other, in
@@ -124,14 +110,6 @@ class SweepScreen(Screen[None]):
         event: RequestFinished
         unit: int
 
-    @dataclass
-    class LoadPointMeasured(Message):
-        point: LoadPoint
-
-    @dataclass
-    class LoadTicked(Message):
-        tick: LoadTick
-
     def __init__(
         self,
         engine: Engine,
@@ -157,13 +135,18 @@ class SweepScreen(Screen[None]):
         self.overlay: Overlay | None = None
         """A saved sweep loaded to compare with (F9), drawn under the live points."""
         self._host_checked = -1.0
-        self.load_result: LoadResult | None = None
-        """The load sweep's result, its points appended as they are measured."""
-        self.load_progress: LoadProgress | None = None
-        self.load_ceiling: Ceiling | None = None
-        """The roofline's batched-decode output tok/s, where this machine's is known."""
-        self.load_overlay: LoadOverlay | None = None
+        # The load mode: its pane in the form column, its results in the results column.
+        self.load_pane = LoadPane(LoadSweepResults(id="load-sweep-results", classes="load-only"))
+
+    @property
+    def load_result(self) -> LoadResult | None:
+        """The load sweep's result (the load pane's), its points appended as measured."""
+        return self.load_pane.result
+
+    @property
+    def load_overlay(self) -> LoadOverlay | None:
         """A saved load sweep loaded to compare with (F9 in the load mode)."""
+        return self.load_pane.overlay
 
     def compose(self) -> ComposeResult:
         card = self.engine.card
@@ -177,16 +160,7 @@ class SweepScreen(Screen[None]):
                     "point generates the same number of tokens.",
                     classes="hint length-only",
                 )
-                yield Static(
-                    "Each level's users send short synthetic prompts that ignore EOS, each the "
-                    "next when its last reply ends (or a rate: 1 2 req/s).",
-                    classes="hint load-only",
-                )
-                form = LoadForm()
-                for label, field_id, name in LOAD_FIELDS:
-                    with Horizontal(classes="field load-only"):
-                        yield Label(label, classes="field-label")
-                        yield Input(getattr(form, name), id=field_id, compact=True)
+                yield self.load_pane
                 for label, field_id, value in (
                     (
                         "prompt lengths",
@@ -211,7 +185,9 @@ class SweepScreen(Screen[None]):
                 with Horizontal(classes="field"):
                     yield Label("export to", classes="field-label")
                     yield Input(
-                        str(sweeps_folder() / "kvscope-sweep"), id="export-path", compact=True
+                        str(files.sweeps_folder() / "kvscope-sweep"),
+                        id="export-path",
+                        compact=True,
                     )
                 with Horizontal(id="export-buttons"):
                     yield Button("JSON (F7)", id="export-json", compact=True)
@@ -219,14 +195,14 @@ class SweepScreen(Screen[None]):
                 with Horizontal(classes="field", id="load-field"):
                     yield Label("compare with", classes="field-label")
                     yield Input(
-                        str(sweeps_folder() / "kvscope-sweep.json"),
+                        str(files.sweeps_folder() / "kvscope-sweep.json"),
                         id="load-path",
                         placeholder="a saved sweep .json",
                         compact=True,
                     )
                 yield Button("Load JSON (F9)", id="load", compact=True)
             with Vertical(id="sweep-results"):
-                yield LoadSweepResults(id="load-sweep-results", classes="load-only")
+                yield self.load_pane.results
                 with Vertical(classes="box length-only", id="sweep-ttft-box") as box:
                     box.border_title = "TTFT vs prompt tokens"
                     box.border_subtitle = KEY
@@ -317,10 +293,7 @@ class SweepScreen(Screen[None]):
         self._show_overlay()
         self.running = True
         self._status("Running…")
-        if self.has_class("-narrow"):
-            # One column at 80x24: bring the plots into view as the points start to come.
-            body = self.query_one("#sweep-body", ScrollableContainer)
-            body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
+        self._scroll_to_results()
         self._run(config)
 
     @work(group="sweep", exclusive=True, exit_on_error=False)
@@ -357,96 +330,51 @@ class SweepScreen(Screen[None]):
         (a stream whose consumer walks away is aborted in the engine)."""
         self.query_one("#sweep-run", Static).update("")
         if self.mode == "load":
-            done = len(self.load_result.points) if self.load_result is not None else 0
-            self._status(
-                f"Stopped: the requests in flight were aborted; "
-                f"{fmt.count(done, 'load level')} measured, kept for F7/F8 export."
-            )
+            self._status(self.load_pane.stopped_words())
             return
         self._status("Stopped; the points measured so far are kept and can be exported.")
 
-    # -- the load sweep --------------------------------------------------------------------
-    def _load_form(self) -> LoadForm:
-        return LoadForm(
-            **{name: self.query_one(f"#{fid}", Input).value for _, fid, name in LOAD_FIELDS}
-        )
-
-    def _start_load(self) -> None:
-        try:
-            config = read_load_form(self._load_form(), self.engine.card, fresh_seed())
-        except ValueError as exc:
-            self._status(str(exc), error=True)
-            return
-        # Partial until the last level is in: an export mid-run says so.
-        self.load_result = LoadResult(config, complete=False)
-        self.load_progress = LoadProgress(config)
-        self._version += 1
-        results = self.query_one(LoadSweepResults)
-        results.clear()
-        results.show_overlay(self.load_overlay, [])
-        self.query_one(ProgressBar).update(total=1000, progress=0)
-        self.running = True
-        self._status("Running…")
-        self.query_one("#sweep-run", Static).update(Text(self.load_progress.line()))
+    def _scroll_to_results(self) -> None:
+        """One column at 80x24: bring the charts into view, below the form, as a run starts
+        or a saved sweep is loaded."""
         if self.has_class("-narrow"):
             body = self.query_one("#sweep-body", ScrollableContainer)
             body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
-        self._run_load(self.load_result)
+
+    # -- the load sweep: the pane measures, the screen shows the run as both modes do -----
+    def _start_load(self) -> None:
+        try:
+            result = self.load_pane.begin(self.engine.card)
+        except ValueError as exc:
+            self._status(str(exc), error=True)
+            return
+        self.query_one(ProgressBar).update(total=1000, progress=0)
+        self.running = True
+        self._status("Running…")
+        self.query_one("#sweep-run", Static).update(Text(self.load_pane.run_line()))
+        self._scroll_to_results()
+        self._run_load(result)
 
     @work(group="sweep", exclusive=True, exit_on_error=False)
     async def _run_load(self, result: LoadResult) -> None:
-        config = result.config
         try:
-            card = self.engine.card
-            # Reading the model's geometry touches the disk: off the loop.
-            context = config.prompt_len + config.output_len // 2
-            ceiling = await asyncio.to_thread(load_ceiling, card, context) if card else None
-            self.load_ceiling = ceiling
-            if ceiling is not None:
-                result.hardware = {"key": "cpu"}
-            await run_load(
-                self.engine,
-                config,
-                on_point=self._load_point,
-                on_progress=self._load_tick,
-                ceiling=ceiling,
-                result=result,
-            )
+            words = await self.load_pane.measure(self.engine, result)
         except KvscopeError as exc:
             self._status(exc.plain(), error=True)
         except Exception as exc:
             self._status(f"The load sweep stopped: {type(exc).__name__}: {exc}", error=True)
         else:
-            result.complete = True
-            self._status(done_words(result.points))
+            self._status(words)
             self.query_one("#sweep-run", Static).update("")
             self.query_one(ProgressBar).update(total=1000, progress=1000)
         finally:
             self.running = False
 
-    def _load_point(self, point: LoadPoint) -> None:
-        self.post_message(self.LoadPointMeasured(point))
-
-    def _load_tick(self, tick: LoadTick) -> None:
-        self.post_message(self.LoadTicked(tick))
-
-    def on_sweep_screen_load_point_measured(self, message: LoadPointMeasured) -> None:
-        results = self.query_one(LoadSweepResults)
-        results.add_row(message.point)
-        live = self.load_result.points if self.load_result is not None else []
-        results.show_notes(live)
-        results.show_overlay(self.load_overlay, live)
-        if self.load_progress is not None:
-            self.load_progress.level_done(message.point)
-        self._version += 1
-
-    def on_sweep_screen_load_ticked(self, message: LoadTicked) -> None:
-        progress = self.load_progress
-        if progress is None or not self.running:
-            return
-        progress.tick = message.tick
-        self.query_one(ProgressBar).update(total=1000, progress=round(1000 * progress.fraction()))
-        self.query_one("#sweep-run", Static).update(Text(progress.line()))
+    def on_load_pane_progressed(self, message: LoadPane.Progressed) -> None:
+        if not self.running:
+            return  # stopped: the run line was cleared, and stays so
+        self.query_one(ProgressBar).update(total=1000, progress=round(1000 * message.fraction))
+        self.query_one("#sweep-run", Static).update(Text(message.line))
 
     # -- the mode ----------------------------------------------------------------------------
     def _mode_label(self) -> str:
@@ -467,12 +395,13 @@ class SweepScreen(Screen[None]):
         self.query_one("#mode", Button).label = self._mode_label()
         self.query_one("#run", Button).label = self._run_label()
         # A path still at the other mode's default follows the mode; a typed one stays.
-        export = self.query_one("#export-path", Input)
-        if Path(export.value).name == EXPORT_NAMES[old]:
-            export.value = str(Path(export.value).with_name(EXPORT_NAMES[mode]))
-        saved = self.query_one("#load-path", Input)
-        if Path(saved.value).name == f"{EXPORT_NAMES[old]}.json":
-            saved.value = str(Path(saved.value).with_name(f"{EXPORT_NAMES[mode]}.json"))
+        for field_id, suffix in (("#export-path", ""), ("#load-path", ".json")):
+            field = self.query_one(field_id, Input)
+            followed = files.follow_mode(
+                field.value, f"{EXPORT_NAMES[old]}{suffix}", f"{EXPORT_NAMES[mode]}{suffix}"
+            )
+            if followed is not None:
+                field.value = followed
         self._show_overlay()
         self._version += 1
         self._status(
@@ -578,10 +507,7 @@ class SweepScreen(Screen[None]):
     async def _redraw(self) -> None:
         self._show_host()
         if self.mode == "load":
-            points = self.load_result.points if self.load_result is not None else []
-            await self.query_one(LoadSweepResults).redraw(
-                self.renderer, points, self.load_ceiling, self.load_overlay, self._version
-            )
+            await self.load_pane.redraw(self.renderer, self._version)
             return
         ttft_plot = self.query_one("#sweep-ttft", Plot)
         itl_plot = self.query_one("#sweep-itl", Plot)
@@ -603,45 +529,22 @@ class SweepScreen(Screen[None]):
         if self.config is None or not self.points:
             return None
         card = self.engine.card
-        from dataclasses import asdict
-
         return SweepResult(self.config, list(self.points), model=asdict(card) if card else None)
 
     def action_export(self, kind: str) -> None:
-        if self.mode == "load":
-            self._export_load(kind)
-            return
-        result = self.result()
+        result = self.result() if self.mode == "length" else self.load_pane.exportable()
         if result is None:
-            why = (
-                "no prompt length has finished all its runs yet"
-                if self.running
-                else "run a sweep first"
-            )
+            during, before = NOTHING_YET[self.mode]
+            why = during if self.running else before
             self._status(f"Nothing to export yet: {why}.", error=True)
             return
-        self._write(kind, result.to_json() if kind == "json" else result.to_csv(), result.points)
-
-    def _export_load(self, kind: str) -> None:
-        result = self.load_result
-        if result is None or not result.points:
-            why = "no load level has finished yet" if self.running else "run a load sweep first"
-            self._status(f"Nothing to export yet: {why}.", error=True)
-            return
-        self._write(kind, result.to_json() if kind == "json" else result.to_csv(), result.points)
-
-    def _write(self, kind: str, text: str, points: Sequence[object]) -> None:
-        """Write an export where the path field says, as a private file in a private folder."""
-        raw = self.query_one("#export-path", Input).value.strip()
-        base = raw or EXPORT_NAMES[self.mode]
-        path = Path(base).expanduser().with_suffix(f".{kind}")
+        raw = self.query_one("#export-path", Input).value
         try:
-            private_dir(path.parent)
-            write_private(path, text)
-        except OSError as exc:
-            self._status(f"Could not write {path}: {exc.strerror or exc}", error=True)
+            words = files.export(result, kind, raw, EXPORT_NAMES[self.mode])
+        except files.FileTrouble as exc:
+            self._status(str(exc), error=True)
             return
-        self._status(f"Wrote {len(points)} points to {path.resolve()}")
+        self._status(words)
 
     # -- a saved sweep to compare with ---------------------------------------------------
     def action_load(self) -> None:
@@ -649,53 +552,38 @@ class SweepScreen(Screen[None]):
         if not raw:
             self._status("Give the path of a saved sweep (.json) to compare with.", error=True)
             return
-        self._load(Path(raw).expanduser())
+        self._read_saved(Path(raw).expanduser())
 
     @work(group="load", exclusive=True, exit_on_error=False)
-    async def _load(self, path: Path) -> None:
+    async def _read_saved(self, path: Path) -> None:
         # On an error the status says why, and everything on the screen stays as it was.
         try:
-            saved = await asyncio.to_thread(load_saved, path)
-        except SweepFileError as exc:
-            self._status(exc.plain(), error=True)
-            return
-        except Exception as exc:
-            self._status(f"Cannot load {path}: {type(exc).__name__}: {exc}", error=True)
+            saved = await files.read_saved(path)
+        except files.FileTrouble as exc:
+            self._status(str(exc), error=True)
             return
         if isinstance(saved, SavedLoad):
-            self._loaded_load(path, saved)
-            return
-        sweeps = saved
+            words = self.load_pane.compare_with(path, saved)
+            hint = "" if self.mode == "load" else " F4 shows it (load sweep)."
+        else:
+            words = self._compare_with(path, saved)
+            hint = "" if self.mode == "length" else " F4 shows them (prompt-length sweep)."
+        self._status(words + hint)
+        self._scroll_to_results()
+
+    def _compare_with(self, path: Path, sweeps: list[SavedSweep]) -> str:
+        """Draw the saved prompt-length sweeps of `path` under the live points; the status
+        line's words."""
         overlay = self.overlay = Overlay(path, tuple(sweeps))
         self._version += 1
         self._show_overlay()
         lengths = {p.prompt_len for s in sweeps for p in s.result.points if p.ok}
         configs = f"configs {' and '.join(s.label for s in sweeps)}, " if overlay.is_compare else ""
         marks = " and ".join(mark for mark, _ in overlay.marked())
-        self._status(
+        return (
             f"Loaded {path.name}: {configs}{fmt.count(len(lengths), 'prompt length')}, "
             f"drawn as {marks}."
-            + ("" if self.mode == "length" else " F4 shows them (prompt-length sweep).")
         )
-        if self.has_class("-narrow"):
-            # One column at 80x24: the charts and the legend are below the form.
-            body = self.query_one("#sweep-body", ScrollableContainer)
-            body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
-
-    def _loaded_load(self, path: Path, saved: SavedLoad) -> None:
-        overlay = self.load_overlay = LoadOverlay(path, saved)
-        self._version += 1
-        live = self.load_result.points if self.load_result is not None else []
-        self.query_one(LoadSweepResults).show_overlay(overlay, live)
-        levels = [p for p in saved.result.points if p.ok and p.output_throughput > 0]
-        self._status(
-            f"Loaded {path.name}: a load sweep, {fmt.count(len(levels), 'level')}, "
-            f"drawn as {overlay.mark}."
-            + ("" if self.mode == "load" else " F4 shows it (load sweep).")
-        )
-        if self.has_class("-narrow"):
-            body = self.query_one("#sweep-body", ScrollableContainer)
-            body.scroll_to_widget(self.query_one("#sweep-results"), animate=False, top=True)
 
     def _show_overlay(self) -> None:
         """The loaded sweep's legend and ratios, and its glyphs in the charts' keys."""

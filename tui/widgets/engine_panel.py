@@ -23,9 +23,9 @@ from tui.widgets.box_titles import retitle
 from tui.widgets.fleet_view import FleetView
 from tui.widgets.gpu_telemetry_line import GpuTelemetryLine
 from tui.widgets.kv_block_map import KvBlockMap
+from tui.widgets.latency_box import LatencyBox
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
-from tui.widgets.request_timeline import LatencyBox
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
