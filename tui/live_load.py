@@ -1,5 +1,5 @@
 """Traffic in the playground: N users, each sending its next synthetic request when its
-last one ends, measured as load points of a few seconds each (bench.load_runner's closed
+last one ends, measured as load points of a few seconds each (bench.load_loops' closed
 loop, the same figures as `kvscope bench --concurrency`).
 
 A presenter turns the users up and watches the batch grow, output tokens/s climb, ITL
