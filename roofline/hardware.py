@@ -17,12 +17,8 @@ from typing import TYPE_CHECKING, Any
 from engine.errors import BadOption
 
 # load_profile calls calibrate_cpu by its name in this module, so a test stands in for the
-# seconds-long measurement by patching roofline.hardware. The other two stay importable
-# from here, where tui/estimates.py and the tests read them before the calibration had a
-# module of its own.
-from roofline.cpu_calibration import CALIBRATION_SCHEMA as CALIBRATION_SCHEMA
-from roofline.cpu_calibration import calibrate_cpu
-from roofline.cpu_calibration import load_cached_cpu_profile as load_cached_cpu_profile
+# seconds-long measurement by patching roofline.hardware.
+from roofline.cpu_calibration import calibrate_cpu, load_cached_cpu_profile
 from roofline.geometry import ModelGeometry
 from roofline.hardware_profile import CPU_KEY, HardwareProfile
 

@@ -28,7 +28,7 @@ from roofline.floors import (
     ttft_floor_s,
 )
 from roofline.hardware import load_geometry
-from tui.estimates import estimate
+from tui.screens.estimates import estimate
 from tui.sweep.prompt_view_model import floor_cell
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import pytest
 from cli.roofline import add_roofline_parser, parse_int_list, run_roofline
 from engine.errors import BadOption
 from engine.sizes import GIB
-from roofline import hardware
+from roofline import cpu_calibration, hardware
 from roofline.cpu_calibration import calibrate_cpu, calibration_cache_path
 from roofline.floors import (
     RooflineReport,
@@ -514,7 +514,7 @@ def test_cache_from_another_machine_is_ignored(
     monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
     profile = HardwareProfile("CPU", "cpu", 1e11, 2e10, 8 * GIB)
     payload = {
-        "schema": hardware.CALIBRATION_SCHEMA,
+        "schema": cpu_calibration.CALIBRATION_SCHEMA,
         "fingerprint": {"machine": "elsewhere"},
         "profile": profile.to_dict(),
     }

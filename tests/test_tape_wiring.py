@@ -103,9 +103,7 @@ def kvscope_without_engine(*args: str, timeout: float = 120) -> subprocess.Compl
 
 
 def test_replay_json_is_what_the_tape_holds_with_no_vllm_or_torch() -> None:
-    started = time.monotonic()
     out = kvscope_without_engine("replay", str(POOL), "--json")
-    took = time.monotonic() - started
     assert out.returncode == 0, out.stderr[-2000:]
     assert "HEAVY:\n" in out.stderr + "\n"
     printed = json.loads(out.stdout)
@@ -129,7 +127,8 @@ def test_replay_json_is_what_the_tape_holds_with_no_vllm_or_torch() -> None:
         assert shown["text"] == recorded.text and shown["status"] == "finished"
     fill = printed["requests"][1]
     assert fill["message"] == "Tell me a long story." and fill["synthetic_tokens"] == 512
-    assert took < 10  # most of it is the interpreter starting
+    # That it is quick is the HEAVY line above (neither vLLM nor torch imported), not a time:
+    # a bound in seconds was one machine's (14 s against 10 under a busy loop per core).
 
 
 def test_json_counts_each_token_once_after_a_preemption(tmp_path: Path) -> None:

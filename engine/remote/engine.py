@@ -450,8 +450,10 @@ class RemoteEngine:
                         timer.reschedule(limits.between_chunks_s)
                         for data in decoder.feed(raw):
                             if data.strip() == "[DONE]":
-                                live.put_threadsafe(reply.finish(time.perf_counter()))
+                                # Said before the finish is handed on: whoever reads the
+                                # finish may ask at once (a race seen under a busy loop).
                                 self._watch.server_timings = reply.metrics is not None
+                                live.put_threadsafe(reply.finish(time.perf_counter()))
                                 return
                             chunk = json.loads(data)
                             if not isinstance(chunk, dict):

@@ -31,8 +31,6 @@ from engine.events import (
 )
 from engine.request_book import prompt_fits
 from tui import format as fmt
-from tui.conversation import Conversation
-from tui.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
 from tui.live_load import LiveLoad, live_config, load_ceiling
 from tui.messages import (
     EngineFailed,
@@ -42,6 +40,8 @@ from tui.messages import (
     StepBegan,
     StepSampled,
 )
+from tui.screens.conversation import Conversation
+from tui.screens.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper

@@ -60,8 +60,9 @@ def roofline_floor(card: ModelCard) -> FloorFn | None:
     if card.device != "cpu":
         return None
     try:
+        from roofline.cpu_calibration import load_cached_cpu_profile
         from roofline.floors import ttft_floor_s
-        from roofline.hardware import load_cached_cpu_profile, load_geometry
+        from roofline.hardware import load_geometry
 
         profile = load_cached_cpu_profile()
         if profile is None:
