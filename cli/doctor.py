@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.byte_size import figure, in_unit
 from engine.nvml import GpuDevice, GpuProcess, GpuView, gpu_processes, gpu_view
 from engine.vllm.versions import (
     EVIDENCE,
@@ -33,8 +34,6 @@ from engine.vllm.versions import (
 if TYPE_CHECKING:
     from engine.vllm.options import EngineSettings
 
-GIB = 1024**3
-MIB = 1024**2
 URL = "`kvscope --url http://HOST:PORT`"
 # vLLM's executors whose supports_async_scheduling() is True (v1/executor/): "uni", "mp",
 # "external_launcher" (the single-process one under torchrun), and "ray", whose
@@ -136,10 +135,7 @@ class HostMemory:
     available_bytes: int
 
     def words(self) -> str:
-        return (
-            f"host memory {self.total_bytes / GIB:,.1f} GiB, "
-            f"{self.available_bytes / GIB:,.1f} GiB available"
-        )
+        return f"host memory {_gib(self.total_bytes)}, {_gib(self.available_bytes)} available"
 
 
 def host_memory() -> HostMemory:
@@ -391,7 +387,7 @@ def _kv_words(plan: EnginePlan | None, cpu_backend: bool) -> str:
     if plan is None:
         return f"unknown without vLLM ({LATER})"
     if plan.kv_cache_memory_bytes:
-        pool = f"a fixed pool of {plan.kv_cache_memory_bytes / MIB:,.0f} MiB"
+        pool = f"a fixed pool of {in_unit(plan.kv_cache_memory_bytes, 'MiB', 0, grouped=True)}"
         if plan.world_size > 1:
             pool += " per rank"
     elif plan.num_gpu_blocks_override:
@@ -466,11 +462,11 @@ def _advice(
     if not devices:
         return "ready: `kvscope` runs here on the CPU backend"
     if processes and plan is not None:
-        asked = plan.gpu_memory_utilization * devices[0].total_bytes / GIB
+        asked = plan.gpu_memory_utilization * devices[0].total_bytes
         return (
             f"ready: {_holders(processes)} also hold GPU memory, and vLLM's start-up check "
-            f"(--gpu-memory-utilization {plan.gpu_memory_utilization:g}, {asked:,.1f} GiB) "
-            f"fits in the {devices[0].free_bytes / GIB:,.1f} GiB free"
+            f"(--gpu-memory-utilization {plan.gpu_memory_utilization:g}, {_gib(asked)}) "
+            f"fits in the {_gib(devices[0].free_bytes)} free"
         )
     return f"ready: `kvscope` runs here on {devices[0].name}"
 
@@ -494,12 +490,18 @@ def _short_of_memory(
         fits = max(0.0, int(d.free_bytes / d.total_bytes * 100 - 1) / 100)
         lower = f", or start with --gpu-memory-utilization {fits:g} or less" if fits else ""
         return (
-            f"{who}: {d.free_bytes / GIB:,.1f} of {d.total_bytes / GIB:,.1f} GiB free, less "
-            f"than --gpu-memory-utilization {plan.gpu_memory_utilization:g} asks for "
-            f"({asked / GIB:,.1f} GiB); attach to a server that already runs with {URL}"
+            f"{who}: {figure(d.free_bytes, 'GiB', 1, grouped=True)} of "
+            f"{_gib(d.total_bytes)} free, less than --gpu-memory-utilization "
+            f"{plan.gpu_memory_utilization:g} asks for "
+            f"({_gib(asked)}); attach to a server that already runs with {URL}"
             f"{lower}"
         )
     return None
+
+
+def _gib(num_bytes: float) -> str:
+    """Memory as the GPU lines say it (engine/nvml.py), so the advice's figures match them."""
+    return in_unit(num_bytes, "GiB", 1, grouped=True)
 
 
 def _holders(processes: list[GpuProcess]) -> str:

@@ -10,8 +10,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from engine.byte_size import figure, in_unit
 from engine.errors import BadOption, KvscopeError
-from engine.sizes import GIB, MIB
 from roofline.batched import BatchedReport, batched_report
 from roofline.floors import RooflineReport, predict
 from roofline.hardware import known_gpus, known_models, load_geometry, load_profile
@@ -241,26 +241,26 @@ def render_report(report: RooflineReport) -> None:
     g, hw = report.geometry, report.hardware
     console.print(
         f"[bold]{g.name}[/]: {_params(g.num_params)} params, "
-        f"{report.weight_bytes / 1e9:.2f} GB of weights at {g.dtype_bytes} bytes each; "
+        f"{in_unit(report.weight_bytes, 'GB', 2)} of weights at {g.dtype_bytes} bytes each; "
         f"KV {report.kv_bytes_per_token:,} bytes/token "
         f"(2 x {g.num_layers} layers x {g.num_kv_heads} KV heads x {g.head_dim} x "
         f"{g.dtype_bytes} bytes)"
     )
     console.print(
         f"[bold]{hw.name}[/]: {_si(hw.peak_bf16_flops, 'FLOP/s')} dense peak, "
-        f"{_si(hw.mem_bandwidth_bytes_s, 'B/s')}, {hw.memory_bytes / GIB:.2f} GiB"
+        f"{_si(hw.mem_bandwidth_bytes_s, 'B/s')}, {in_unit(hw.memory_bytes, 'GiB', 2)}"
     )
     if not report.weights_fit:
         console.print(
-            f"[bold red]The weights ({report.weight_bytes / GIB:.2f} GiB) plus the "
+            f"[bold red]The weights ({in_unit(report.weight_bytes, 'GiB', 2)}) plus the "
             f"activation reserve do not fit in {report.gpu_memory_utilization:.0%} of "
             "this memory: vLLM would not start.[/]"
         )
     else:
         console.print(
             f"KV pool at gpu_memory_utilization {report.gpu_memory_utilization:g}: "
-            f"{report.kv_pool_bytes / GIB:.2f} GiB = {report.kv_pool_tokens:,} tokens "
-            f"(after {report.activation_reserve_bytes / GIB:.2f} GiB kept for activations "
+            f"{in_unit(report.kv_pool_bytes, 'GiB', 2)} = {report.kv_pool_tokens:,} tokens "
+            f"(after {in_unit(report.activation_reserve_bytes, 'GiB', 2)} kept for activations "
             f"and overhead); longest request {report.max_single_prompt_tokens:,} tokens"
         )
         if not report.starts_at_default_max_model_len:
@@ -285,7 +285,7 @@ def render_report(report: RooflineReport) -> None:
             f"{p.prefill_flops / 1e12:,.2f}",
             f"{p.ttft_floor_s * 1e3:,.1f}{bound}",
             f"{p.itl_floor_s * 1e3:,.2f}",
-            f"{p.kv_bytes / MIB:,.1f}",
+            figure(p.kv_bytes, "MiB", 1, grouped=True),
             "yes" if p.fits else "[red]no[/]",
             f"{p.concurrent:,}",
         )

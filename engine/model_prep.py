@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from engine.byte_size import in_unit
 from engine.errors import CacheDirUnwritable, KvscopeError, ModelNotFound
 from engine.paths import cache_dir, ensure_cache_subdir
 
@@ -177,9 +178,9 @@ class DiskFull(KvscopeError):
     def plain(self) -> str:
         return (
             f"The disk is full: converting the embedded model needs about "
-            f"{self.needed / 1024**2:,.0f} MiB in {self.folder}, and "
-            f"{self.free / 1024**2:,.0f} MiB are free there. Free some space, or set "
-            "KVSCOPE_CACHE_DIR to a folder on a disk with room."
+            f"{in_unit(self.needed, 'MiB', 0, grouped=True)} in {self.folder}, and "
+            f"{in_unit(self.free, 'MiB', 0, grouped=True)} are free there. Free some space, "
+            "or set KVSCOPE_CACHE_DIR to a folder on a disk with room."
         )
 
 

@@ -15,7 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.byte_size import figure, in_unit
+
 _lock = threading.Lock()
+
+
+def _gib(num_bytes: float) -> str:
+    """GPU memory in the unit nvidia-smi's readers think in: "79.2 GiB"."""
+    return in_unit(num_bytes, "GiB", 1, grouped=True)
+
+
+def _gib_figure(num_bytes: float) -> str:
+    """The same figure without its unit, for "20.0 of 24.0 GiB", which names it once."""
+    return figure(num_bytes, "GiB", 1, grouped=True)
 
 
 def _nvml() -> Any | None:
@@ -56,7 +68,7 @@ class GpuProcess:
     used_bytes: int | None  # None where the driver does not tell (some containers)
 
     def words(self) -> str:
-        used = f", {self.used_bytes / 1024**3:,.1f} GiB" if self.used_bytes else ""
+        used = f", {_gib(self.used_bytes)}" if self.used_bytes else ""
         return f"pid {self.pid} {self.name} (GPU {self.gpu}{used})"
 
 
@@ -122,8 +134,8 @@ class GpuDevice:
 
     def words(self) -> str:
         return (
-            f"{self.where()} {self.name}: {self.free_bytes / 1024**3:,.1f} of "
-            f"{self.total_bytes / 1024**3:,.1f} GiB free"
+            f"{self.where()} {self.name}: {_gib_figure(self.free_bytes)} of "
+            f"{_gib(self.total_bytes)} free"
         )
 
 
@@ -324,12 +336,11 @@ class GpuReading:
     sm_clock_mhz: int | None
 
     def words(self) -> str:
-        gib = 1024**3
-        mem = f"{self.used_bytes / gib:,.1f} of {self.total_bytes / gib:,.1f} GiB"
+        mem = f"{_gib_figure(self.used_bytes)} of {_gib(self.total_bytes)}"
         split = ""
         if self.ours_bytes is not None:
-            split = f" (kvscope {self.ours_bytes / gib:,.1f}"
-            split += f", others {(self.others_bytes or 0) / gib:,.1f})"
+            split = f" (kvscope {_gib_figure(self.ours_bytes)}"
+            split += f", others {_gib_figure(self.others_bytes or 0)})"
         parts = [f"GPU {self.index} {self.name}: {mem}{split}"]
         if self.util_pct is not None:
             parts.append(f"util {self.util_pct} %")

@@ -582,11 +582,11 @@ def test_sse_parsing_is_linear_and_bounded() -> None:
     assert list(d.feed(b"data: a\r")) == []
     assert list(d.feed(b"\n\r\ndata: b\n: note\nevent: x\ndata: c\n\ndata: d")) == ["a", "b\nc"]
     assert list(d.feed(b"\n\n")) == ["d"]
-    small = SseDecoder(max_event_bytes=1000)
+    capped = SseDecoder(max_event_bytes=1000)
     for _ in range(9):
-        assert list(small.feed(b"data: " + b"y" * 100)) == []
+        assert list(capped.feed(b"data: " + b"y" * 100)) == []
     with pytest.raises(ValueError, match="over 1,000 bytes"):
-        list(small.feed(b"data: " + b"y" * 100))
+        list(capped.feed(b"data: " + b"y" * 100))
 
 
 def test_a_huge_event_is_a_lost_connection_not_a_hang(
