@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.sweep_result import SweepResult
 from engine.errors import BadOption
+from engine.paths import is_special_file, output_problem, write_in_place
 
 if TYPE_CHECKING:
     import argparse
@@ -24,6 +25,9 @@ class ResultFile:
     reader never sees half a file. If the target cannot be written after all (a full
     disk, a folder removed mid-sweep), the results go to the temp folder instead, and
     `problem()` says where.
+
+    A device or FIFO (`--json /dev/stdout`, `/dev/null`, a pipe someone reads) is never
+    renamed over: it gets the final results once, written in place, by `finish()`.
     """
 
     def __init__(self, option: str, path: str, render: Callable[[Any], str]) -> None:
@@ -33,11 +37,19 @@ class ResultFile:
         self.render = render
         self.written_to: Path | None = None
         self.error: str | None = None
+        self.special = is_special_file(self.path)
+        self._pending: str | None = None  # a special file's latest text, for finish()
 
     def check(self) -> None:
         """Before the engine starts: can a file be created where the user asked?"""
         if self.path.is_dir():
             raise BadOption(self.option, f"{self.path} is a folder, not a file")
+        if self.special:
+            if not os.access(self.path, os.W_OK):
+                raise BadOption(
+                    self.option, f"{self.path} is a device or FIFO kvscope cannot write"
+                )
+            return
         folder = self.path.parent
         if not folder.is_dir():
             raise BadOption(self.option, f"the folder {folder} does not exist")
@@ -53,6 +65,11 @@ class ResultFile:
     def write(self, result: Any) -> None:
         """Never raises: losing the file must not lose the sweep."""
         text = self.render(result)
+        if self.special:
+            # Written once, at the end: each point's rewrite would reach a device or a
+            # pipe's reader as one more copy of the whole file.
+            self._pending = text
+            return
         if self.error is None:
             try:
                 _replace_atomically(self.path, text)
@@ -60,6 +77,25 @@ class ResultFile:
                 return
             except OSError as exc:
                 self.error = exc.strerror or str(exc)
+        fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
+        try:
+            _replace_atomically(fallback, text)
+            self.written_to = fallback
+        except OSError:
+            self.written_to = None
+
+    def finish(self) -> None:
+        """A device or FIFO gets its text now; a regular file has had it all along.
+        Never raises: the fallback copy in the temp folder keeps the results."""
+        text, self._pending = self._pending, None
+        if text is None:
+            return
+        try:
+            write_in_place(self.path, text.encode("utf-8"))
+            self.written_to = self.path
+            return
+        except OSError as exc:
+            self.error = output_problem(self.path, exc)
         fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
         try:
             _replace_atomically(fallback, text)
@@ -120,6 +156,8 @@ def _same_file(a: str, b: str) -> bool:
 def say_problems(files: Sequence[ResultFile]) -> None:
     from cli.launch import say
 
+    for f in files:
+        f.finish()  # every run ends here: a device or FIFO gets its results now
     for f in files:
         problem = f.problem()
         if problem:

@@ -78,19 +78,71 @@ def ensure_cache_subdir(folder: Path) -> Path:
 def open_private(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None) -> int:
     """`os.open` of a file kvscope writes: created 0600, and an existing one made 0600 too
     (a tape or log left 0644 by an older kvscope). Never follows a symlink at `path`."""
-    fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, PRIVATE_FILE_MODE, dir_fd=dir_fd)
+    fifo = _is_fifo(path, dir_fd)
+    # A FIFO with no reader would block the open for good: ENXIO instead (said by the caller).
+    extra = os.O_NONBLOCK if fifo else 0
+    fd = os.open(path, flags | extra | _NOFOLLOW | _CLOEXEC, PRIVATE_FILE_MODE, dir_fd=dir_fd)
     try:
-        os.fchmod(fd, PRIVATE_FILE_MODE)
+        if fifo:
+            os.set_blocking(fd, True)
+        # Only a regular file is ours to make private: a device (/dev/null) or a FIFO is
+        # shared, and chmodding it would take it away from every other user.
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, PRIVATE_FILE_MODE)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+def _is_fifo(path: str | os.PathLike[str], dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def is_special_file(path: str | os.PathLike[str]) -> bool:
+    """An existing path that is neither a regular file nor a folder: a device (/dev/null,
+    /dev/stdout's terminal) or a FIFO. Output there is written in place, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
+    """Write `raw` into a device or FIFO as it is: no temporary file, no rename, no chmod.
+    A FIFO nobody reads raises OSError(ENXIO) at once instead of blocking. Raises OSError."""
+    fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    fd = os.open(path, os.O_WRONLY | _CLOEXEC | (os.O_NONBLOCK if fifo else 0))
+    try:
+        if fifo:
+            os.set_blocking(fd, True)
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def output_problem(path: str | os.PathLike[str], exc: OSError) -> str:
+    """Why an output could not be written, in words: a FIFO nobody reads is not 'No such
+    device or address'."""
+    if exc.errno == errno.ENXIO and _is_fifo(path, None):
+        return "it is a FIFO that no process is reading"
+    return exc.strerror or str(exc)
+
+
 def write_private(path: Path, data: str | bytes) -> Path:
     """Write `path` whole, atomically (a 0600 temporary file beside it, renamed over it),
-    so a reader never sees half a file. Raises OSError."""
+    so a reader never sees half a file; a device or FIFO there is written in place, since
+    renaming over /dev/null would replace it. Raises OSError."""
     raw = data.encode() if isinstance(data, str) else data
+    if is_special_file(path):
+        write_in_place(path, raw)
+        return path
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -23,7 +23,7 @@ from typing import Any
 from engine.byte_size import in_unit
 from engine.clock import Clock, RealClock, VirtualClock
 from engine.events import EngineEvent, GenerationRequest, ModelCard, StepSample, UserMessage
-from engine.paths import open_private, private_dir
+from engine.paths import open_private, output_problem, private_dir
 from engine.sizes import GIB
 from engine.tape.errors import TapeUnwritable
 from engine.tape.format import Encoder, Kind, dumps, header
@@ -92,7 +92,7 @@ class TapeRecorder:
             fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             self._file = os.fdopen(fd, "wb", buffering=0)
         except OSError as exc:
-            raise TapeUnwritable(self.path, exc.strerror or str(exc)) from None
+            raise TapeUnwritable(self.path, output_problem(self.path, exc)) from None
         clock_name = "virtual" if isinstance(self.clock, VirtualClock) else "perf_counter"
         head = header(
             t0=self.clock.now(),
@@ -100,7 +100,13 @@ class TapeRecorder:
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             writer="kvscope",
         )
-        self._write(dumps(head) + b"\n")
+        try:
+            # The header is written before anything runs: a full disk (or /dev/full) is
+            # refused here, in words, not found later as an unexpected OSError.
+            self._write(dumps(head) + b"\n")
+        except OSError as exc:
+            self._file.close()
+            raise TapeUnwritable(self.path, output_problem(self.path, exc)) from None
         if card is not None:
             self.record_card(card)
         self._thread = threading.Thread(target=self._run, name="kvscope-tape", daemon=True)
