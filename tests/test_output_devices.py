@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 from cli_helpers import KVSCOPE, ROOT
 
+from bench.sweep_result import SweepConfig, SweepResult
 from cli.result_files import ResultFile
 from engine.paths import open_private, write_private
 from engine.tape import TapeRecorder
 from engine.tape.errors import TapeUnwritable
+from tui.sweep.files import FileTrouble, export
 
 NULL, FULL = os.makedev(1, 3), os.makedev(1, 7)  # what /dev/null and /dev/full are
 SHARED_MODE = 0o666
@@ -188,3 +190,19 @@ def test_a_tape_onto_a_fifo_nobody_reads_is_refused_not_waited_on(fifo: Path) ->
         TapeRecorder(fifo)  # a blocking open would never return
     assert "a FIFO that no process is reading" in info.value.plain()
     assert stat.S_IMODE(fifo.stat().st_mode) == 0o644
+
+
+def test_the_sweep_screens_export_onto_a_device_keeps_its_name_and_the_device(null: Path) -> None:
+    """F7 to /dev/null writes /dev/null, not a new /dev/null.json beside it."""
+    result = SweepResult(SweepConfig(prompt_lens=(64,), output_len=4, runs=1, warmup=0))
+    said = export(result, "json", str(null), "sweep")
+    assert said == f"Wrote 0 points to {null}"
+    assert sorted(p.name for p in null.parent.iterdir()) == ["null"]
+    _still_shared_device(null)
+
+
+def test_the_sweep_screens_export_onto_a_fifo_nobody_reads_says_so(fifo: Path) -> None:
+    result = SweepResult(SweepConfig(prompt_lens=(64,), output_len=4, runs=1, warmup=0))
+    with pytest.raises(FileTrouble, match="a FIFO that no process is reading"):
+        export(result, "csv", str(fifo), "sweep")
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

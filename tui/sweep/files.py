@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import platformdirs
 
 from bench.sweep_files import SweepFileError, load_saved
-from engine.paths import private_dir, write_private
+from engine.paths import is_special_file, output_problem, private_dir, write_private
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -61,12 +61,15 @@ def export(result: Exportable, kind: str, typed: str, default_name: str) -> str:
 
     Returns the status line's words. Raises FileTrouble."""
     text = result.to_json() if kind == "json" else result.to_csv()
-    path = Path(typed.strip() or default_name).expanduser().with_suffix(f".{kind}")
+    path = Path(typed.strip() or default_name).expanduser()
+    if not is_special_file(path):
+        # A device or FIFO is written as named: /dev/null is not /dev/null.json.
+        path = path.with_suffix(f".{kind}")
     try:
         private_dir(path.parent)
         write_private(path, text)
     except OSError as exc:
-        raise FileTrouble(f"Could not write {path}: {exc.strerror or exc}") from exc
+        raise FileTrouble(f"Could not write {path}: {output_problem(path, exc)}") from exc
     return f"Wrote {len(result.points)} points to {path.resolve()}"
 
 
