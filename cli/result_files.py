@@ -77,12 +77,7 @@ class ResultFile:
                 return
             except OSError as exc:
                 self.error = exc.strerror or str(exc)
-        fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
-        try:
-            _replace_atomically(fallback, text)
-            self.written_to = fallback
-        except OSError:
-            self.written_to = None
+        self._keep_in_temp(text)
 
     def finish(self) -> None:
         """A device or FIFO gets its text now; a regular file has had it all along.
@@ -96,6 +91,10 @@ class ResultFile:
             return
         except OSError as exc:
             self.error = output_problem(self.path, exc)
+        self._keep_in_temp(text)
+
+    def _keep_in_temp(self, text: str) -> None:
+        """The target failed: the results go to the temp folder, or nowhere if that fails."""
         fallback = Path(tempfile.gettempdir()) / f"kvscope-bench-{os.getpid()}{self.path.suffix}"
         try:
             _replace_atomically(fallback, text)
