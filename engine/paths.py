@@ -76,8 +76,9 @@ def ensure_cache_subdir(folder: Path) -> Path:
 
 
 def open_private(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None) -> int:
-    """`os.open` of a file kvscope writes: created 0600, and an existing one made 0600 too
-    (a tape or log left 0644 by an older kvscope). Never follows a symlink at `path`."""
+    """`os.open` of a file kvscope writes: created 0600, and an existing regular file made
+    0600 too, since it is about to hold prompts (a tape or log left 0644 by an older
+    kvscope); a device or FIFO is opened as it is. Never follows a symlink at `path`."""
     fifo = _is_fifo(path, dir_fd)
     # A FIFO with no reader would block the open for good: ENXIO instead (said by the caller).
     extra = os.O_NONBLOCK if fifo else 0
