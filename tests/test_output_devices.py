@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -56,20 +57,38 @@ def full(tmp_path: Path) -> Path:
 
 
 class Reader:
-    """A FIFO's reader on a thread: everything written until the last writer closes."""
+    """A FIFO's reader, open before the test writes (so a writer finds it), reading on a
+    thread until the writer that sent something closes.
+
+    Opened without blocking, in the caller's thread: a probe writer that opens and closes
+    to see whether a reader is there would hand that reader an end of file."""
 
     def __init__(self, path: Path) -> None:
         self.data = b""
-        self._thread = threading.Thread(target=self._read, args=(path,), daemon=True)
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
-    def _read(self, path: Path) -> None:
-        with open(path, "rb") as fh:
-            self.data = fh.read()
+    def _read(self) -> None:
+        deadline = time.monotonic() + 10
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    chunk = os.read(self._fd, 65536)
+                except BlockingIOError:  # a writer is there, with nothing sent yet
+                    chunk = None
+                if chunk:
+                    self.data += chunk
+                elif chunk == b"" and self.data:
+                    return  # the writer that sent the data closed
+                else:
+                    time.sleep(0.005)  # no writer yet (end of file) or nothing yet
+        finally:
+            os.close(self._fd)
 
     def join(self) -> bytes:
-        self._thread.join(10)
-        assert not self._thread.is_alive(), "the writer never closed the FIFO"
+        self._thread.join(15)
+        assert not self._thread.is_alive(), "the reader never finished"
         return self.data
 
 
@@ -79,20 +98,6 @@ def fifo(tmp_path: Path) -> Path:
     os.mkfifo(path)
     os.chmod(path, 0o644)  # mkfifo's mode is masked by the umask
     return path
-
-
-def _wait_for_reader(path: Path) -> None:
-    """Until the reader thread has the FIFO open (a write before that finds no reader)."""
-    import time
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-            return
-        except OSError:
-            time.sleep(0.01)
-    raise AssertionError("the reader never opened the FIFO")
 
 
 def test_a_device_is_written_through_not_replaced_nor_chmodded(null: Path) -> None:
@@ -114,7 +119,6 @@ def test_a_regular_file_is_still_made_private(tmp_path: Path) -> None:
 
 def test_a_fifo_gets_the_text_once_and_stays_a_fifo(fifo: Path) -> None:
     reader = Reader(fifo)
-    _wait_for_reader(fifo)
     write_private(fifo, "one export")
     assert reader.join() == b"one export"
     assert stat.S_ISFIFO(fifo.stat().st_mode)
@@ -137,7 +141,6 @@ def test_results_reach_a_fifo_once_at_the_end_not_once_a_point(fifo: Path) -> No
     out = ResultFile("--json", str(fifo), render=lambda n: json.dumps({"points": n}))
     out.check()
     reader = Reader(fifo)
-    _wait_for_reader(fifo)
     for n in (1, 2, 3):  # a sweep writes after every point
         out.write(n)
     out.finish()
