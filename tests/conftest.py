@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from session_engine import ENGINE_ARGV
 from vllm_imports import VllmImports, scan_source
 
 from tui.settings import CONFIG_DIR_ENV
@@ -20,12 +21,6 @@ if TYPE_CHECKING:
 
     from real_fleet import RealFleet
     from remote_server import VllmServer
-
-# Small enough to start fast and to fill; large enough for one 4,096-token request. The
-# same fixed pool and eager mode on a GPU (kvscope's CPU defaults are no GPU's defaults).
-ENGINE_ARGV = [
-    "--max-model-len", "4096", "--kv-cache-memory-bytes", str(128 * 1024**2), "--enforce-eager",
-]  # fmt: skip
 
 
 def _vllm_loaded() -> bool:

@@ -35,11 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from session_engine import TEST_DTYPE
+
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "kvscope-test-key"
 MAX_MODEL_LEN = 1024
 BLOCK_SIZE = 32
-KV_CACHE_BYTES = 64 * 1024**2
+# 2,912 tokens of KV in the session's dtype (tests/session_engine.py says why float32).
+KV_CACHE_BYTES = 128 * 1024**2
 START_TIMEOUT_S = 240.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -88,6 +91,8 @@ def server_argv(ports: ServerPorts, *, api_key: str | None = API_KEY) -> list[st
         "--kv-cache-memory-bytes",
         str(KV_CACHE_BYTES),
         "--enforce-eager",
+        "--dtype",
+        TEST_DTYPE,
         "--enable-prefix-caching",
         "--enable-per-request-metrics",
         "--enable-prompt-tokens-details",

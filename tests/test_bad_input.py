@@ -36,6 +36,7 @@ from cli_helpers import (
     run_kvscope,
     start_kvscope,
 )
+from session_engine import TEST_DTYPE
 
 from bench.sweep_result import SweepConfig, SweepResult
 from engine import model_prep
@@ -591,9 +592,10 @@ def long_prefill(vllm_engine: Engine) -> LongPrefill:
 
     rate = 256 / best(256)
     tokens = max(256, min(2000, int(rate * PREFILL_S)))
+    # In the session engine's dtype: the rate measured there is the subprocess's rate.
     flags = [
-        "--prompt-tokens", str(tokens), "--max-tokens", "4", "--json",
-        "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 1024**2),
+        "--prompt-tokens", str(tokens), "--max-tokens", "4", "--json", "--dtype", TEST_DTYPE,
+        "--max-model-len", "2048", "--kv-cache-memory-bytes", str(128 * 1024**2),
     ]  # fmt: skip
     prefill = LongPrefill(flags, tokens, best(tokens))
     print(f"\nlong prefill: {tokens} tokens in {prefill.prefill_s:.2f} s")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_helpers import KVSCOPE
+from session_engine import TEST_DTYPE, TEST_DTYPE_BYTES
 
 from bench.sweep import run_sweep
 from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
@@ -58,7 +59,7 @@ async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
     assert long["mean_ttft_ms"] > short["mean_ttft_ms"]
     assert progress[-1] == (3, 3)
     assert floors_asked == [64, 512]
-    assert data["model"]["kv_bytes_per_token"] == 23040
+    assert data["model"]["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * TEST_DTYPE_BYTES  # SmolLM2
 
 
 async def test_a_length_past_the_wall_fails_alone() -> None:
@@ -189,14 +190,14 @@ def test_compare_names_the_config_with_a_bad_flag() -> None:
     assert "config A:" not in out.stderr  # refused before A's engine ever started
 
 
-@pytest.mark.engine
+@pytest.mark.own_engine
 def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None:
     out_json = tmp_path / "ab.json"
     out = subprocess.run(
         [
-            KVSCOPE, "bench", "--prompt-lens", "64,512", "--runs", "1", "--output-len", "4",
-            "--warmup", "0", "--max-model-len", "1024",
-            "--compare", "--max-num-batched-tokens 128", "--max-num-batched-tokens 1024",
+            KVSCOPE, "bench", "--prompt-lens", "16,256", "--runs", "1", "--output-len", "4",
+            "--warmup", "0", "--max-model-len", "1024", "--dtype", TEST_DTYPE,
+            "--compare", "--max-num-batched-tokens 64", "--max-num-batched-tokens 256",
             "--json", str(out_json),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -205,12 +206,12 @@ def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None
     assert "B / A, per prompt length" in out.stdout
     data = json.loads(out_json.read_text())["compare"]
     assert set(data) == {"A", "B"}
-    assert data["A"]["flags"] == "--max-num-batched-tokens 128"
+    assert data["A"]["flags"] == "--max-num-batched-tokens 64"
     for label in ("A", "B"):
-        assert [p["prompt_len"] for p in data[label]["points"]] == [64, 512]
+        assert [p["prompt_len"] for p in data[label]["points"]] == [16, 256]
         assert all(p["ok"] for p in data[label]["points"])
-    # A 128-token step budget cuts the 512-token prompt into four chunks, 1,024 takes it
-    # in one: the configs really differed. (Their TTFTs are too close on this CPU, and
+    # A 64-token step budget cuts the 256-token prompt into four chunks, 256 takes it in
+    # one: the configs really differed. (Their TTFTs are too close on this CPU, and
     # the host too noisy, for one run each to order them: that compared timings, and
     # failed in CI once.)
     chunks = {

@@ -37,6 +37,7 @@ from engine.events import (
 from engine.fake import FakeConfig, FakeEngine
 from engine.protocol import Engine
 from engine.replay import ReplayedSend, ReplayEngine
+from engine.sizes import dtype_bytes
 from engine.tape import RecordingEngine, TapeRecorder
 
 if TYPE_CHECKING:
@@ -286,8 +287,12 @@ def test_satisfies_protocol(subject: Subject) -> None:
     card = subject.card
     assert card.total_blocks > 0
     assert card.block_size > 0
-    # A remote card knows no geometry (all 0): the product is 0 too.
-    assert card.kv_bytes_per_token == 2 * card.num_layers * card.num_kv_heads * card.head_dim * 2
+    # K and V x layers x KV heads x head_dim x the dtype's bytes (float32 in the session's
+    # engine, bf16 in the fake). A remote card knows no geometry (all 0): the product is 0 too.
+    per_element = dtype_bytes(card.dtype)
+    assert card.kv_bytes_per_token == (
+        2 * card.num_layers * card.num_kv_heads * card.head_dim * per_element
+    )
 
 
 def test_synthetic_prompt_is_exact(subject: Subject) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
+from session_engine import ENGINE_KV_BYTES
+
 from engine.memory_budget import (
     GIB,
     LOADED_TENSORS,
@@ -61,7 +63,7 @@ def test_the_session_engine_accounts_its_weights_and_its_pool(vllm_engine: VllmE
     assert f"weights from {budget.source}" in budget.words()
     # The pool is the --kv-cache-memory-bytes the fixture asked for, to within a block.
     block_bytes = card.block_size * card.kv_bytes_per_token
-    assert abs(budget.kv_pool_bytes - 128 * 1024**2) <= block_bytes, budget
+    assert abs(budget.kv_pool_bytes - ENGINE_KV_BYTES) <= block_bytes, budget
     assert budget.kv_pool_tokens == card.kv_pool_tokens
     assert budget.device == "this machine's RAM" and budget.requested_bytes is None
     assert budget.other_bytes is None and not budget.pool_fixed

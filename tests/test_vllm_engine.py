@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_helpers import KVSCOPE
+from session_engine import ENGINE_KV_BYTES, TEST_DTYPE_BYTES
 
 from engine.errors import ModelNotFound, PromptTooLong
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
@@ -137,6 +138,7 @@ def test_vllm_internals_are_where_kvscope_expects(vllm_engine: VllmEngine) -> No
     assert hasattr(intro.scheduler, "requests")
     assert hasattr(intro.scheduler, "running")
     assert callable(intro.kv_manager.get_block_ids)
-    # 128 MiB / (23,040 B/token x 128 tokens/block) = 45 blocks on the CPU, one of them
-    # vLLM's null block.
-    assert intro.total_blocks == math.floor(128 * 1024**2 / (23040 * bs)) - 1
+    # 256 MiB / (46,080 B/token x 128 tokens/block) = 45 blocks on the CPU, one of them
+    # vLLM's null block. SmolLM2's KV: K and V x 30 layers x 3 heads x 64 x the dtype's bytes.
+    per_token = 2 * 30 * 3 * 64 * TEST_DTYPE_BYTES
+    assert intro.total_blocks == math.floor(ENGINE_KV_BYTES / (per_token * bs)) - 1
