@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -45,7 +46,6 @@ from engine.nvml import nvidia_gpu_count
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
-    from pathlib import Path
 
     from engine.protocol import Engine
 
@@ -167,15 +167,84 @@ def test_an_empty_prompt_file_and_empty_stdin_are_refused(
     one_line(exited(out, 1), "stdin holds no text")
 
 
-def test_a_limit_spelled_for_vllm_is_checked_once_vllm_has_read_it() -> None:
+# -- refused once vLLM has read the flags or the model: one interpreter for them all --------
+# Each of these costs a vLLM import and no engine that serves; tests/cli_batch.py runs them
+# one after another in one process (one import, each with its own environment, engine log
+# and stdout/stderr), which saves about 10 s of CPU a case on a slow CPU.
+STARTUP_FAILURES = {
+    # 8,192 tokens x 23,040 bytes (SmolLM2 in bf16) = 188,743,680 bytes; 64 MiB holds
+    # about 2,900 tokens of KV, and vLLM rounds that to whole blocks.
+    "pool too small": ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(64 * 1024**2)],
+    "pool of 1 byte": ["--kv-cache-memory-bytes", "1"],
+    "max-model-len 10^7": ["--max-model-len", "10000000"],
+    "block size 17": ["--block-size", "17", *SMALL],
+}
+CORRUPT = "corrupt model folder"
+REFUSALS: dict[str, list[str]] = {
     # "1k" is vLLM's own spelling of 1,000: only its parser knows it, before the engine.
-    out = kvscope("generate", "--prompt-tokens", "1000", "--max-model-len", "1k")
+    "limit spelled for vLLM": ["generate", "--prompt-tokens", "1000", "--max-model-len", "1k"],
+    # Only vLLM's parser knows every engine flag: this one costs a vLLM import, no more.
+    "unknown flag": ["generate", "--prompt", "hi", "--bogus-flag"],
+    **{
+        name: ["generate", "--prompt-tokens", "8", "--max-tokens", "2", *flags]
+        for name, flags in STARTUP_FAILURES.items()
+    },
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One command of the batch: how it ended, and the cache folder it ran in."""
+
+    out: subprocess.CompletedProcess[str]
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory, ready_model: Path) -> dict[str, Refusal]:
+    root = tmp_path_factory.mktemp("refusals")
+    corrupt = root / "corrupt-model"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{not json")
+    commands = {**REFUSALS, CORRUPT: ["generate", "--prompt", "hi", "--model", str(corrupt)]}
+    caches: dict[str, Path] = {}
+    cases = []
+    for i, (name, argv) in enumerate(commands.items()):
+        caches[name] = root / f"cache-{i}"
+        caches[name].mkdir()
+        (caches[name] / "models").symlink_to(ready_model.parent, target_is_directory=True)
+        cases.append({"argv": argv, "env": _env(caches[name])})
+    (root / "cases.json").write_text(json.dumps(cases))
+    batch = Path(__file__).with_name("cli_batch.py")
+    ran = subprocess.run(
+        [sys.executable, str(batch), str(root / "cases.json"), str(root / "results.json")],
+        env=_env(), capture_output=True, text=True, timeout=600, start_new_session=True,
+    )  # fmt: skip
+    assert ran.returncode == 0, f"the batch itself failed: {ran.stderr[-3000:]}"
+    results = json.loads((root / "results.json").read_text())
+    return {
+        name: Refusal(
+            subprocess.CompletedProcess(argv, r["code"], r["stdout"], r["stderr"]), caches[name]
+        )
+        for (name, argv), r in zip(commands.items(), results, strict=True)
+    }
+
+
+@pytest.mark.own_engine
+@pytest.mark.xdist_group("refusals")  # the batch runs once, in one worker
+def test_a_limit_spelled_for_vllm_is_checked_once_vllm_has_read_it(
+    refusals: dict[str, Refusal],
+) -> None:
+    out = refusals["limit spelled for vLLM"].out
     one_line(exited(out, 1), "1,000 tokens", "at most 999")
 
 
-def test_an_unknown_flag_is_refused_before_the_engine_starts() -> None:
-    # Only vLLM's parser knows every engine flag: this one costs a vLLM import, no more.
-    out = kvscope("generate", "--prompt", "hi", "--bogus-flag")
+@pytest.mark.own_engine
+@pytest.mark.xdist_group("refusals")
+def test_an_unknown_flag_is_refused_before_the_engine_starts(
+    refusals: dict[str, Refusal],
+) -> None:
+    out = refusals["unknown flag"].out
     one_line(exited(out, 1), "Unknown flag: --bogus-flag", "kvscope engine-help")
 
 
@@ -385,59 +454,59 @@ def test_generate_with_a_read_only_cache_logs_elsewhere_and_says_so(
 
 
 # -- start-up failures keep their numbers ------------------------------------------------------
-@pytest.mark.engine
+@pytest.mark.own_engine
+@pytest.mark.xdist_group("refusals")
 @pytest.mark.parametrize(
-    ("flags", "numbers", "fits"),
+    ("name", "numbers", "fits"),
     [
         (
-            # 8,192 tokens x 23,040 bytes (SmolLM2 in bf16) = 188,743,680 bytes; 64 MiB
-            # holds about 2,900 tokens of KV, and vLLM rounds that to whole blocks.
-            ["--max-model-len", "8192", "--kv-cache-memory-bytes", str(64 * 1024**2)],
+            "pool too small",
             ["KV pool too small", "8,192 tokens", "188,743,680 bytes", "67,108,864 bytes"],
             (2000, 64 * 1024**2 // 23040),
         ),
         (
-            ["--kv-cache-memory-bytes", "1"],
+            "pool of 1 byte",
             ["KV pool too small", "8,192 tokens", "188,743,680 bytes", "only 1 byte"],
             None,
         ),
         (
-            ["--max-model-len", "10000000"],
+            "max-model-len 10^7",
             ["--max-model-len", "10,000,000", "8,192", "max_position_embeddings"],
             None,
         ),
         pytest.param(
-            ["--block-size", "17", *SMALL],
+            "block size 17",
             ["--block-size", "17", "(CPU_ATTN: [MultipleOf(32)])"],
             None,
             # The CPU backend's rule: on CUDA vLLM may pick another attention backend.
             marks=pytest.mark.skipif(nvidia_gpu_count() > 0, reason="the CPU backend's rule"),
         ),
     ],
-    ids=["pool too small", "pool of 1 byte", "max-model-len 10^7", "block size 17"],
+    ids=list(STARTUP_FAILURES),
 )
 def test_start_up_failures_say_why_with_numbers(
-    cache: Path, flags: list[str], numbers: list[str], fits: tuple[int, int] | None
+    refusals: dict[str, Refusal], name: str, numbers: list[str], fits: tuple[int, int] | None
 ) -> None:
-    out = kvscope("generate", "--prompt-tokens", "8", "--max-tokens", "2", *flags, env=_env(cache))
-    line = one_line(exited(out, 1), *numbers)
+    refusal = refusals[name]
+    line = one_line(exited(refusal.out, 1), *numbers)
     if fits is not None:
         # The length that would fit, estimated from vLLM's pool (one start-up covers what
         # a test of the typed error in its own process checked: the same figures).
         said = re.search(r"At most about ([\d,]+) tokens would fit", line)
         assert said is not None, line
         assert fits[0] < int(said[1].replace(",", "")) <= fits[1], line
-    # The whole of vLLM's text, traceback and all, is in the engine log.
-    log = (cache / "engine.log").read_text()
+    # The whole of vLLM's text, traceback and all, is in this command's own engine log.
+    log = (refusal.cache / "engine.log").read_text()
     assert "kvscope: the engine failed to start" in log
     assert "Traceback" in log
 
 
-@pytest.mark.engine
-def test_a_corrupt_model_folder_is_one_line(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{not json")
-    out = kvscope("generate", "--prompt", "hi", "--model", str(tmp_path))
-    one_line(exited(out, 1), "could not start", str(tmp_path / "config.json"), "not a valid JSON")
+@pytest.mark.own_engine
+@pytest.mark.xdist_group("refusals")
+def test_a_corrupt_model_folder_is_one_line(refusals: dict[str, Refusal]) -> None:
+    out = refusals[CORRUPT].out
+    folder = Path(out.args[-1])
+    one_line(exited(out, 1), "could not start", str(folder / "config.json"), "not a valid JSON")
 
 
 @pytest.mark.own_engine
