@@ -34,6 +34,7 @@ from cli_helpers import (
     READY,
     finish_in_group,
     one_line,
+    own_core_env,
     run_kvscope,
     start_kvscope,
 )
@@ -54,16 +55,8 @@ SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)
 
 
 # -- running kvscope ---------------------------------------------------------------------------
-def _own_core() -> dict[str, str]:
-    # vLLM's automatic binding puts every engine's OpenMP threads on the first cores and
-    # leaves the last one to "other processes": the session's engine computes there, so a
-    # command started beside it (an `own_engine` test in the other worker) takes the last.
-    cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])} if len(cores) > 1 else {}
-
-
 def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **_own_core(), **extra}
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **own_core_env(), **extra}
     env.pop("KVSCOPE_DEBUG", None)
     if cache is not None:
         env["KVSCOPE_CACHE_DIR"] = str(cache)

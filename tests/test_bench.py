@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from cli_helpers import KVSCOPE
+from cli_helpers import KVSCOPE, own_core_env
 from session_engine import TEST_DTYPE, TEST_DTYPE_BYTES
 
 from bench.sweep import run_sweep
@@ -201,6 +202,7 @@ def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None
             "--json", str(out_json),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, **own_core_env()},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "B / A, per prompt length" in out.stdout

@@ -23,7 +23,10 @@ def test_the_timed_server_and_a_kvscope_round_count_every_token() -> None:
     assert isinstance(got, dict), got
     assert set(FIGURES) <= set(got)
     assert stats["tokens"] == 24 * 5  # every token of every stream was sent, and read
-    assert stats["peak_streams"] == 12  # all the users at once
+    # Streams at once: more than one, never more than the users. Not "all 12": a stream
+    # lasts about 13 ms here, and a loaded 2-core host took longer than that to open the
+    # twelfth (CI saw 10); that the runner keeps its users busy is test_load_*'s to check.
+    assert 1 < stats["peak_streams"] <= 12
     # kept-alive connections served later requests: fewer connections than requests
     assert stats["connections"] < 24
     assert server.proc.poll() is not None  # and the server is gone
