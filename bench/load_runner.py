@@ -32,7 +32,7 @@ from bench.records import request_record
 from bench.step_view import StepTaps, step_view
 from engine.clock import Clock, RealClock
 from engine.errors import BadOption, KvscopeError
-from engine.request_book import check_prompt_length
+from engine.request_book import check_prompt_length, prompt_fits
 from engine.stats import mean, percentile
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class LoadRunner:
         for i in range(self.config.warmup):
             request = maker.make(i, "-warmup")
             ids = request.prompt_token_ids or ()
-            if card is not None and len(ids) >= card.max_model_len:
+            if card is not None and not prompt_fits(len(ids), card.max_model_len):
                 return  # the point itself will say so
             short = replace(request, sampling=replace(request.sampling, max_tokens=4))
             try:

@@ -173,7 +173,7 @@ async def run_sweep(
         on_progress(0, total)
     # Warm-up at the shortest length: the first requests of a fresh engine pay one-off costs.
     warm_len = min(config.prompt_lens)
-    if card is not None:
+    if card is not None and card.max_model_len:  # 0: a server that does not say
         # vLLM refuses a prompt of max_model_len tokens: one token short of it is the most.
         warm_len = min(warm_len, card.max_model_len - 1)
     made = itertools.count()

@@ -81,6 +81,16 @@ def add_attach_args(parser: argparse.ArgumentParser) -> None:
         help="which model to use when the server serves several",
     )
     group.add_argument(
+        "--tokenizer",
+        metavar="NAME_OR_FOLDER",
+        help=(
+            "for a server that is not vLLM's (no vLLM /tokenize): the tokenizer that counts "
+            "and builds prompts here, as in `vllm bench serve` (default: the served model's "
+            "own, if this machine has it, else kvscope's own model's); with it, "
+            "--max-model-len N gives the context limit such a server does not say"
+        ),
+    )
+    group.add_argument(
         "--replica",
         metavar="[NAME=]URL",
         action="append",
@@ -127,6 +137,7 @@ def make_remote(args: argparse.Namespace, engine_argv: list[str]) -> RemoteEngin
     from engine.errors import BadOption
     from engine.remote import RemoteEngine
 
+    max_model_len, engine_argv = _context_flag(engine_argv)
     if engine_argv:
         first = engine_argv[0]
         if not first.startswith("-"):
@@ -144,7 +155,32 @@ def make_remote(args: argparse.Namespace, engine_argv: list[str]) -> RemoteEngin
         served_model_name=args.served_model_name,
         kv_events=kv_events,
         timeouts=args.timeout,
+        tokenizer=args.tokenizer,
+        max_model_len=max_model_len,
     )
+
+
+def _context_flag(engine_argv: list[str]) -> tuple[int | None, list[str]]:
+    """`--max-model-len N` among the engine flags: the limit of a server that does not say
+    its own (vLLM's says it, and wins); the rest are left for the refusal."""
+    from engine.errors import BadOption
+
+    rest: list[str] = []
+    found: int | None = None
+    words = iter(engine_argv)
+    for word in words:
+        name, eq, value = word.partition("=")
+        if name != "--max-model-len":
+            rest.append(word)
+            continue
+        text = value if eq else next(words, "")
+        try:
+            found = int(text.replace("_", "").replace(",", ""))
+        except ValueError:
+            found = 0
+        if found <= 0:
+            raise BadOption("--max-model-len", f"{text!r} is not a positive number of tokens")
+    return found, rest
 
 
 def attach_notice(engine: RemoteEngine) -> None:
@@ -154,11 +190,18 @@ def attach_notice(engine: RemoteEngine) -> None:
         return
     from engine.visible_text import visible
 
+    limit = f"{card.max_model_len:,}" if card.max_model_len else "unknown"
+    pool = (
+        f"KV pool {card.total_blocks:,} blocks x {card.block_size}"
+        if card.total_blocks
+        else "KV pool unknown (no vLLM /metrics)"
+    )
     print(
-        f"kvscope: attached to {engine.url}: {visible(card.name)}, max_model_len "
-        f"{card.max_model_len:,}, KV pool {card.total_blocks:,} blocks x {card.block_size}",
+        f"kvscope: attached to {engine.url}: {visible(card.name)}, max_model_len {limit}, {pool}",
         file=sys.stderr,
     )
+    for note in engine.api.notes():
+        print(f"kvscope: {note}", file=sys.stderr)
 
 
 @contextmanager

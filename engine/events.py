@@ -374,6 +374,13 @@ class ModelCard:
     def kv_pool_tokens(self) -> int:
         return self.kv_capacity_tokens or self.total_blocks * self.block_size
 
+    @property
+    def nearest_known_limit(self) -> int | None:
+        """The smaller of max_model_len and the KV pool, of those this engine knows (a
+        server that is not vLLM's may say neither: 0); None when it knows neither."""
+        known = [n for n in (self.max_model_len, self.kv_pool_tokens) if n > 0]
+        return min(known) if known else None
+
     def blocks_for(self, num_tokens: int) -> int:
         # A remote card may not know its block size (no /metrics): count tokens then.
         return math.ceil(num_tokens / max(self.block_size, 1))

@@ -46,8 +46,10 @@ Item = EngineEvent | BaseException
 
 def prompt_fits(prompt_tokens: int, max_model_len: int) -> bool:
     """vLLM's own rule: a prompt needs room for at least one output token, so a prompt of
-    exactly max_model_len tokens does not fit, as vLLM's input processor says."""
-    return prompt_tokens < max_model_len
+    exactly max_model_len tokens does not fit, as vLLM's input processor says. A limit of
+    0 is one nobody told (a server that does not say): every prompt is sent, and the
+    server's own refusal, if any, is what the user reads."""
+    return max_model_len <= 0 or prompt_tokens < max_model_len
 
 
 def check_prompt_length(prompt_tokens: int, max_model_len: int) -> None:

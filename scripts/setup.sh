@@ -62,6 +62,19 @@ else
   echo "$RECIPE" > "$STAMP"
 fi
 
+# GuideLLM's mock server, the tests' known-truth target for servers that are not vLLM's
+# (tests/mock_server.py), in a venv of its own: none of it touches kvscope's.
+MOCK=.venv-mock
+MOCK_RECIPE="guidellm 0.8.1 $(sha1sum scripts/mock-server-requirements.txt | cut -c1-12)"
+if [ ! -f "$MOCK/.kvscope-setup" ] || [ "$(cat "$MOCK/.kvscope-setup")" != "$MOCK_RECIPE" ]; then
+  echo "setup: GuideLLM's mock server for the tests, in $MOCK (about a minute)"
+  rm -rf "$MOCK"
+  "$VENV/bin/python" -m venv "$MOCK"
+  "$MOCK/bin/pip" install -q --no-deps "guidellm==0.8.1"
+  "$MOCK/bin/pip" install -q --no-deps -r scripts/mock-server-requirements.txt  # a full freeze
+  echo "$MOCK_RECIPE" > "$MOCK/.kvscope-setup"
+fi
+
 "$VENV/bin/kvscope" prepare-model >/dev/null
 # One line when the installed vLLM is outside the versions kvscope was checked against.
 "$VENV/bin/python" -c "

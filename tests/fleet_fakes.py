@@ -151,6 +151,10 @@ class FakeReplica:
                 fake.requests.append((self.path, dict(self.headers)))
                 length = int(self.headers.get("Content-Length", "0"))
                 self.rfile.read(length)
+                if self.path == "/tokenize":  # vLLM's: any chat is a few token IDs
+                    tokens = {"tokens": [1, 2, 3], "count": 3, "max_model_len": 1024}
+                    self._send(200, "application/json", json.dumps(tokens).encode())
+                    return
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     self._send(404, "application/json", b'{"detail": "Not Found"}')
                     return

@@ -68,8 +68,9 @@ from engine.remote.client import (
     resolve_api_key,
     transport_failure,
 )
-from engine.remote.prompts import RemotePrompts
+from engine.remote.prompts import PromptTokenizer, RemotePrompts, ServerTokenizer
 from engine.remote.relay import Relay
+from engine.remote.server_api import VLLM_API, ContextSource, ServerApi
 from engine.remote.server_watch import ServerWatch
 from engine.remote.streaming import ReplyAssembler, StreamError
 from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts, Wait, Watchdog
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
+    from engine.remote.client_tokenizer import ClientTokenizer
     from engine.remote.metrics import CacheInfo
 
 log = logging.getLogger("kvscope")
@@ -95,6 +97,9 @@ UNKNOWN_FIELDS = ("dtype", "num_layers", "num_kv_heads", "head_dim", "kv_bytes_p
 # httpx's transport (https, proxies): no limit on connections (httpx's default of 100
 # would queue every stream past the 100th), and idle ones kept for the next requests.
 STREAM_POOL = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+# Answers to vLLM's chat form of /tokenize from a server that does not have it: no such
+# path, no such method, a body it does not take (GuideLLM's mock: 400), not implemented.
+NOT_VLLM_TOKENIZE = frozenset({400, 404, 405, 415, 422, 501})
 # No model has a context near this; a claim past it is a lie or a bug, not a length.
 MAX_CLAIMED_CONTEXT = 2**40
 
@@ -124,6 +129,11 @@ class RemoteEngine:
     server's /kv_event_sources), None (off), or the endpoint the server was given in
     `--kv-events-config` (a wildcard one is reached at the server's host; a concrete
     tcp address is bound here, because vLLM's PUB socket connects to it).
+
+    A server that is not vLLM's (no vLLM `/tokenize`) is measured too (server_api.py):
+    prompts are counted by `tokenizer` (default: the served model's own, if this machine
+    has it) and sent as text, and its context limit is `max_model_len` when it does not
+    say one.
     """
 
     remote = True
@@ -141,6 +151,8 @@ class RemoteEngine:
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
         session_id: str | None = None,
         report_cache_hits: bool = True,
+        tokenizer: str | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         where = url if isinstance(url, ServerUrl) else parse_server_url(url)
         if where.authorization and api_key:
@@ -160,6 +172,10 @@ class RemoteEngine:
         self.verify = verify
         self.timeouts = timeouts
         self.report_cache_hits = report_cache_hits
+        self.tokenizer_name = tokenizer
+        self.max_model_len_given = max_model_len
+        self.api: ServerApi = VLLM_API  # known for sure once attached
+        self._client_tokenizer: ClientTokenizer | None = None
         self.session_id = session_id or self._new_session_name()
         self.model = ""
         self.attachments = 0  # times attached: 1 after start(), +1 per re-attach
@@ -201,13 +217,21 @@ class RemoteEngine:
         report(LoadProgress(f"connecting to {self.url}", 0.1))
         control = self._client()
         try:
-            model, max_len, root = self._pick_model(control)
-            report(LoadProgress("reading the KV pool from /metrics", 0.4))
+            model, served_len, root = self._pick_model(control)
+            report(LoadProgress("reading the KV pool from /metrics", 0.3))
             state = self._watch.read_pool(control, model, self.metrics_path)
+            report(LoadProgress("asking which API the server speaks", 0.4))
+            tokenizer = self._tokenizer_for(control, model, root)
+            max_len, context = self._context(served_len)
             self.model = model
             self._card = self._make_card(model, max_len, root)
             self._control = control
-            self._prompts = RemotePrompts(control, model)
+            self._prompts = RemotePrompts(tokenizer)
+            client = self._client_tokenizer
+            self.api = (
+                VLLM_API if client is None else ServerApi(False, context, client.name, client.note)
+            )
+            self._watch.api_notes = self.api.notes()
         except BaseException:
             control.close()
             raise
@@ -227,7 +251,33 @@ class RemoteEngine:
             self._where, self.api_key, verify=self.verify, timeouts=self.timeouts, timeout=timeout
         )
 
-    def _pick_model(self, control: ServerClient) -> tuple[str, int, str]:
+    def _tokenizer_for(self, control: ServerClient, model: str, root: str) -> PromptTokenizer:
+        """vLLM's /tokenize when the server answers it in vLLM's chat form; else one here."""
+        server = ServerTokenizer(control, model)
+        try:
+            server.chat_ids([{"role": "user", "content": "x"}])
+        except ServerAnswer as exc:
+            if exc.status not in NOT_VLLM_TOKENIZE:
+                raise EngineStartFailed(f"{self.url}/tokenize answered {exc.words}") from exc
+            # No such path, or not vLLM's form of it: not vLLM. (A 200 with no token IDs
+            # in it is a vLLM server gone wrong, and is said as such by chat_ids.)
+        else:
+            self._client_tokenizer = None  # the server's own count beats any guess here
+            return server
+        from engine.remote.client_tokenizer import ClientTokenizer
+
+        self._client_tokenizer = ClientTokenizer.load(self.tokenizer_name, (root, model))
+        return self._client_tokenizer
+
+    def _context(self, served: int | None) -> tuple[int, ContextSource]:
+        """The context limit and where it came from; 0 when nobody says (no wall drawn)."""
+        if served is not None:
+            return served, "server"
+        if self.max_model_len_given:
+            return self.max_model_len_given, "flag"
+        return 0, "unknown"
+
+    def _pick_model(self, control: ServerClient) -> tuple[str, int | None, str]:
         try:
             models = control.models()
         except ServerAnswer as exc:
@@ -252,11 +302,7 @@ class RemoteEngine:
         else:
             chosen = models[0]
         max_len = chosen.get("max_model_len")
-        if max_len is None:
-            raise EngineStartFailed(
-                f"{self.url}/v1/models gives no max_model_len; is this a vLLM server?"
-            )
-        if (
+        if max_len is not None and (
             not isinstance(max_len, int)
             or isinstance(max_len, bool)
             or not 0 < max_len <= MAX_CLAIMED_CONTEXT
@@ -271,6 +317,8 @@ class RemoteEngine:
     def _make_card(self, model: str, max_len: int, root: str) -> ModelCard:
         cache = self._watch.cache
         unknown = list(UNKNOWN_FIELDS)
+        if not max_len:
+            unknown.append("max_model_len")
         if cache is None:
             unknown += ["block_size", "total_blocks"]
         return ModelCard(
@@ -394,9 +442,19 @@ class RemoteEngine:
             "stream_options": {"include_usage": True},
             "max_tokens": sp.max_tokens,
             "temperature": sp.temperature,
-            "return_token_ids": True,
-            "session_id": live.session_id,
         }
+        client = self._client_tokenizer
+        if client is not None:
+            # The OpenAI API's fields only: other servers refuse vLLM's (OpenAI does).
+            if sp.seed is not None:
+                body["seed"] = sp.seed
+            if req.prompt_token_ids is not None:
+                body["prompt"] = client.text(req.prompt_token_ids)
+                return "/v1/completions", body
+            body["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
+            return "/v1/chat/completions", body
+        body["return_token_ids"] = True
+        body["session_id"] = live.session_id
         if sp.ignore_eos:
             body["ignore_eos"] = True
         if sp.seed is not None:
@@ -418,7 +476,14 @@ class RemoteEngine:
         """
         rid = live.request.request_id
         ids = live.request.prompt_token_ids
-        reply = ReplyAssembler(live.times, len(ids) if ids is not None else None)
+        client = self._client_tokenizer
+        if ids is None and client is not None:
+            # A chat: counted here, with the chat template, as the server cannot say.
+            chat = [{"role": m.role, "content": m.content} for m in live.request.messages]
+            ids = tuple(client.chat_ids(chat))
+        reply = ReplyAssembler(
+            live.times, len(ids) if ids is not None else None, server_counts=client is None
+        )
         path, body = self._body(live)
         http = self._http
         assert http is not None
@@ -558,7 +623,8 @@ class RemoteEngine:
         return self._prompts
 
     def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-        """The server's own chat template and tokenizer, through POST /tokenize."""
+        """The server's own chat template and tokenizer, through POST /tokenize (or the
+        tokenizer on this side, for a server that has no vLLM /tokenize)."""
         return self._wrap(lambda: self._require_prompts().chat_ids(messages))
 
     def synthetic_prompt(self, num_tokens: int, suffix: str = "", seed: int = 0) -> tuple[int, ...]:
@@ -627,7 +693,8 @@ class RemoteEngine:
         self.attachments += 1
         client = self._client(self.timeouts.scrape())
         try:
-            model, max_len, _root = self._pick_model(client)
+            model, served_len, _root = self._pick_model(client)
+            max_len, _source = self._context(served_len)
             if self._card is not None and (visible(model), max_len) != (
                 self._card.name,
                 self._card.max_model_len,

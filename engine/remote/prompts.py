@@ -1,16 +1,18 @@
-"""Exact prompts through the server's own tokenizer (`POST /tokenize`), with no local one.
+"""Exact prompts through a tokenizer: the server's own (vLLM's `POST /tokenize`), or one on
+this side (client_tokenizer.py) for a server that has none.
 
 A synthetic prompt is the chat template's head and tail (found by tokenizing two chats
 that differ only in the user's words), random filler token IDs between them, then the
 suffix. IDs are joined, never re-tokenized, and sent to /v1/completions as a token list,
-so the server sees exactly as many prompt tokens as asked for.
+so the server sees exactly as many prompt tokens as asked for (a server that takes no
+token IDs is sent their text, which the same tokenizer reads back as the same IDs).
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.errors import KvscopeError, RequestRejected
 
@@ -62,31 +64,55 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-class RemotePrompts:
-    """Token IDs from the server's tokenizer and chat template; cached once learned."""
+class PromptTokenizer(Protocol):
+    """The two questions a synthetic prompt asks: a chat's IDs (with the assistant's turn
+    opened) and a text's IDs (no special tokens). `local` tokenizers answer in microseconds,
+    so filler is checked word by word there (see RemotePrompts.filler)."""
+
+    local: bool
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def text_ids(self, text: str) -> list[int]: ...
+
+
+class ServerTokenizer:
+    """vLLM's `POST /tokenize`: the served model's own tokenizer and chat template."""
+
+    local = False
 
     def __init__(self, client: ServerClient, model: str) -> None:
         self.client = client
         self.model = model
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.client.tokenize_messages(self.model, messages)
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.client.tokenize_text(self.model, text)
+
+
+class RemotePrompts:
+    """Token IDs from the tokenizer and chat template; cached once learned."""
+
+    def __init__(self, tokenizer: PromptTokenizer) -> None:
+        self.tokenizer = tokenizer
         self._lock = threading.Lock()
         self._frame: tuple[list[int], list[int]] | None = None
         self._filler: list[int] | None = None
 
     def chat_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        chat = [{"role": m.role, "content": m.content} for m in messages]
         with self._lock:
-            ids = self.client.tokenize_messages(
-                self.model, [{"role": m.role, "content": m.content} for m in messages]
-            )
+            ids = self.tokenizer.chat_ids(chat)
         return tuple(ids)
 
     def frame(self) -> tuple[list[int], list[int]]:
         """The template's tokens before and after a user message's content."""
         if self._frame is None:
             with self._lock:
-                one = self.client.tokenize_messages(self.model, [{"role": "user", "content": "x"}])
-                two = self.client.tokenize_messages(
-                    self.model, [{"role": "user", "content": "hello there"}]
-                )
+                one = self.tokenizer.chat_ids([{"role": "user", "content": "x"}])
+                two = self.tokenizer.chat_ids([{"role": "user", "content": "hello there"}])
             head = _common_prefix(one, two)
             tail = _common_prefix(one[::-1], two[::-1])
             tail = min(tail, len(one) - head, len(two) - head)
@@ -96,7 +122,13 @@ class RemotePrompts:
     def filler(self) -> list[int]:
         if self._filler is None:
             with self._lock:
-                ids = self.client.tokenize_text(self.model, " " + FILLER_WORDS)
+                if self.tokenizer.local:
+                    # Only words that are one token each: any run of them, sent as text,
+                    # is read back as the same IDs (a split word's halves might merge).
+                    words = [self.tokenizer.text_ids(" " + w) for w in FILLER_WORDS.split()]
+                    ids = [w[0] for w in words if len(w) == 1]
+                else:
+                    ids = self.tokenizer.text_ids(" " + FILLER_WORDS)
             self._filler = list(dict.fromkeys(ids))  # distinct, in order
         return self._filler
 
@@ -112,7 +144,7 @@ class RemotePrompts:
             raise RequestRejected("tokenize", "the server's tokenizer gave no filler tokens")
         if suffix:
             with self._lock:
-                user = self.client.tokenize_text(self.model, " " + suffix)
+                user = self.tokenizer.text_ids(" " + suffix)
         else:
             user = []
         rng = random.Random(seed)

@@ -72,6 +72,8 @@ class ServerWatch:
         # Whether replies carry the server's own timings: None until a reply says. The
         # engine sets it, as only its replies can tell.
         self.server_timings: bool | None = None
+        # What a server that is not vLLM's does not tell (ServerApi.notes), set at attach.
+        self.api_notes: tuple[str, ...] = ()
         self._on_pool = on_pool
         self._on_back = on_back
         self._metrics_path = "/metrics"  # as attached (`read_pool`)
@@ -288,5 +290,5 @@ class ServerWatch:
             kv_events=kv is not None and kv.receiving,
             kv_events_note=self._kv_events_note(),
             server_timings=self.server_timings,
-            notes=REMOTE_LIMITS,
+            notes=REMOTE_LIMITS + self.api_notes,
         )

@@ -78,11 +78,16 @@ class StreamError(Exception):
 class ReplyAssembler:
     """Turns one request's chunks into RequestAccepted, TokenEvents and RequestFinished."""
 
-    def __init__(self, times: RequestTimes, prompt_tokens: int | None = None) -> None:
+    def __init__(
+        self, times: RequestTimes, prompt_tokens: int | None = None, *, server_counts: bool = True
+    ) -> None:
         self.times = times  # the request's own: its tokens are stamped there
         self.request_id = times.request_id
         self.submitted_at = times.submitted_at
         self.prompt_tokens = prompt_tokens
+        # vLLM counts with the model's own tokenizer; another server's usage block may not
+        # (GuideLLM's mock splits words): there the count made on this side stands.
+        self.server_counts = server_counts
         self.accepted = False
         self.chunks = 0
         self.reason: Any = None
@@ -157,7 +162,7 @@ class ReplyAssembler:
     def finish(self, now: float, reason: FinishReason | None = None) -> RequestFinished:
         self.done = True
         # The server's own count (usage block) wins over the client's.
-        served = self.usage.get("prompt_tokens") if self.usage else None
+        served = self.usage.get("prompt_tokens") if self.usage and self.server_counts else None
         final = self.times.finished(
             reason or finish_reason(self.reason),
             now,

@@ -375,10 +375,10 @@ class MainScreen(Screen[None]):
             while load.users > 0 and self.engine_state == "ready":
                 users, card = load.users, self.card
                 prompt = self.controls.prompt_tokens if self.controls.synthetic else 128
-                if card is not None:
+                if card is not None and card.max_model_len:
                     prompt = min(prompt, card.max_model_len - 2)
                 output = max(1, self.controls.sampling().max_tokens)
-                if card is not None:
+                if card is not None and card.max_model_len:
                     output = max(1, min(output, card.max_model_len - prompt - 1))
                 config = live_config(users, prompt, output, seed=random.randrange(2**31))
                 runner = LoadRunner(self.engine, config)

@@ -101,7 +101,7 @@ def read_load_form(form: LoadForm, card: ModelCard | None, seed: int) -> LoadCon
         validate(config)
     except BadOption as exc:
         raise ValueError(f"{_FIELDS.get(exc.option, exc.option)}: {exc.reason}") from None
-    if card is not None and prompt_len + output_len > card.max_model_len:
+    if card is not None and card.max_model_len and prompt_len + output_len > card.max_model_len:
         raise ValueError(
             f"prompt and output tokens: {prompt_len:,} + {output_len:,} is past the context "
             f"limit (max_model_len) of {card.max_model_len:,}"

@@ -30,9 +30,10 @@ FLOOR_MARK) and the colours of their roles."""
 def default_prompt_lens(card: ModelCard | None, output_len: int) -> tuple[int, ...]:
     """Powers of two that fit both walls with room for the output: the lengths that
     measure something rather than fail."""
-    if card is None:
+    nearest = card.nearest_known_limit if card is not None else None
+    if nearest is None:  # no engine yet, or a server that says neither wall
         return SweepConfig().prompt_lens
-    limit = min(card.max_model_len, card.kv_pool_tokens) - output_len
+    limit = nearest - output_len
     lens = [1 << k for k in range(6, 24) if (1 << k) <= limit]
     return tuple(lens[-4:]) or (max(16, limit),)
 

@@ -26,6 +26,8 @@ MIN_CONCURRENCY_CAP = 16
 MAX_LOAD_USERS = 64  # past that a CPU engine only queues; a bench run goes higher
 MAX_NUM_SEQS = 256
 """vLLM's default cap on requests running at once: more copies than this only queue."""
+DEFAULT_FIRST_PROMPT = 1024
+"""Where the slider starts when no wall is known (a server that says neither)."""
 
 
 def concurrency_cap(card: ModelCard | None) -> int:
@@ -156,7 +158,7 @@ class ControlsPanel(VerticalScroll):
         """The sampling settings typed in, with bad or empty fields at their defaults."""
         max_tokens = int(_parse(self.query_one("#max-tokens", Input).value, DEFAULT_MAX_TOKENS))
         temperature = _parse(self.query_one("#temperature", Input).value, 0.0)
-        limit = self.card.max_model_len if self.card else 1_000_000
+        limit = self.card.max_model_len if self.card and self.card.max_model_len else 1_000_000
         return SamplingSettings(
             max_tokens=max(1, min(max_tokens, limit)),
             temperature=max(0.0, min(temperature, 2.0)),
@@ -171,7 +173,7 @@ class ControlsPanel(VerticalScroll):
         stepper.refresh()
         if card is not None and not self._touched_slider:
             # Start half-way to the nearest wall, where a first prompt fits comfortably.
-            nearest = min(card.max_model_len, card.kv_pool_tokens)
+            nearest = card.nearest_known_limit or DEFAULT_FIRST_PROMPT * 2
             block = max(card.block_size, 1)  # 0: a remote card that does not know it
             slider.value = max(slider.minimum, (nearest // 2) // block * block)
         self._sync_synthetic()

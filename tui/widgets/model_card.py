@@ -85,14 +85,29 @@ class ModelCardView(Widget):
         table.add_column(style=style("model-card--value"), overflow="fold")
         table.add_row("model", card.name)
         table.add_row("dtype", f"{card.dtype} on {card.device}")
-        table.add_row("max_model_len", f"{fmt.tokens(card.max_model_len)} tokens")
-        table.add_row("block size", f"{card.block_size} tokens")
+        unknown = set(card.unknown)
+
+        def known(field: str, words: str) -> str:
+            # Never a made-up 0: what the engine did not say, the card says it did not.
+            return "unknown (not said by the server)" if field in unknown else words
+
+        table.add_row(
+            "max_model_len", known("max_model_len", f"{fmt.tokens(card.max_model_len)} tokens")
+        )
+        table.add_row("block size", known("block_size", f"{card.block_size} tokens"))
         table.add_row(
             "total blocks",
-            f"{fmt.tokens(card.total_blocks)} = {fmt.tokens(card.kv_pool_tokens)} tokens",
+            known(
+                "total_blocks",
+                f"{fmt.tokens(card.total_blocks)} = {fmt.tokens(card.kv_pool_tokens)} tokens",
+            ),
         )
         table.add_row(
-            "KV / token", f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)"
+            "KV / token",
+            known(
+                "kv_bytes_per_token",
+                f"{fmt.size(card.kv_bytes_per_token)} ({card.kv_bytes_per_token:,} B)",
+            ),
         )
         if self.memory is not None:
             table.add_row("memory", memory_bar(self.memory, 24))

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
     from engine.events import ModelCard
 
+UNKNOWN_CONTEXT_REACH = 8192
+"""How far the ruler reaches (÷ 1.25) when the server does not say its context limit."""
 MAX_MODEL_LEN_CONSEQUENCE = "at or past max_model_len: the engine will refuse this prompt"
 KV_POOL_CONSEQUENCE = "past the KV pool: requests will be preempted/queued"
 NEAR_KV_POOL = "close to the KV pool wall: a little more output or one more copy preempts"
@@ -98,7 +100,8 @@ def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wa
                 f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
             )
         )
-    return sorted(walls, key=lambda w: (w.tokens, w.marker))
+    # A wall nobody told (a server that says no max_model_len, or no pool) is not drawn.
+    return sorted((w for w in walls if w.tokens > 0), key=lambda w: (w.tokens, w.marker))
 
 
 def consequences(passed: list[Wall]) -> list[str]:
@@ -227,14 +230,21 @@ class PromptLengthSlider(Widget, can_focus=True):
     def maximum(self) -> int:
         if self.card is None:
             return 2560
-        return _round_up(self.card.max_model_len * 1.25, self.small_step)
+        return _round_up(self._reach * 1.25, self.small_step)
+
+    @property
+    def _reach(self) -> int:
+        # A server that does not say its limit: the ruler reaches UNKNOWN_CONTEXT_REACH.
+        if self.card is None or self.card.max_model_len <= 0:
+            return UNKNOWN_CONTEXT_REACH
+        return self.card.max_model_len
 
     @property
     def small_step(self) -> int:
         if self.card is None:
             return 16
         block = max(1, self.card.block_size)
-        span = self.card.max_model_len * 1.25
+        span = self._reach * 1.25
         if span / block <= 320:
             return block
         # Long contexts: about 200 small steps end to end, still whole blocks.
@@ -321,7 +331,7 @@ class PromptLengthSlider(Widget, can_focus=True):
         passed = self.walls_passed()
         text = Text(end="")
         text.append(f"{self.value:,} tok", style("prompt-length-slider--value"))
-        if self.card is not None:
+        if self.card is not None and self.card.block_size > 0:  # 0: the server did not say
             blocks = self.card.blocks_for(self.value)
             text.append(
                 f" = {fmt.count(blocks, 'block')} of {self.card.block_size}",

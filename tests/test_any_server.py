@@ -1,0 +1,144 @@
+"""kvscope against a server that is not vLLM's: GuideLLM's mock (tests/mock_server.py),
+unmodified, with a set TTFT and ITL. It says no max_model_len, has no /metrics, no vLLM
+/tokenize and takes no token-ID prompts: kvscope counts and builds prompts with a
+tokenizer of its own, sends the OpenAI API's fields only, and says what it cannot see."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+from cli_helpers import one_line, run_kvscope
+from mock_server import GUIDELLM, MockServer
+
+from benchmarks.load_truth import kvscope_round, vllm_round
+from engine.events import ChatMessage
+from engine.model_prep import embedded_model_dir
+from engine.remote.client_tokenizer import ClientTokenizer
+from engine.remote.prompts import RemotePrompts
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = pytest.mark.skipif(
+    not GUIDELLM.exists(), reason="no .venv-mock: `make setup` (scripts/setup.sh) makes it"
+)
+
+TTFT_MS, ITL_MS = 100.0, 10.0
+NOT_VLLM = "Not a vLLM server (no vLLM /tokenize)"
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[MockServer]:
+    server = MockServer(TTFT_MS, ITL_MS).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def test_generate_sends_the_prompt_length_asked_for_and_says_what_the_server_does_not(
+    mock: MockServer,
+) -> None:
+    out = run_kvscope(
+        "generate", "--url", mock.url, "--prompt-tokens", "100", "--max-tokens", "8", "--json",
+        env=_env(), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    data = json.loads(out.stdout)
+    assert (data["prompt_tokens"], data["output_tokens"]) == (100, 8)
+    assert len(data["itl_s"]) == 7
+    # The mock streams a token every ITL_MS after TTFT_MS: no reading can beat that.
+    assert data["ttft_s"] >= TTFT_MS / 1000
+    assert min(data["itl_s"]) > 0
+    # What the server does not say is said "unknown", never made up.
+    model = data["model"]
+    assert model["max_model_len"] == 0
+    assert {"max_model_len", "block_size", "total_blocks"} <= set(model["unknown"])
+    lines = [x for x in out.stderr.splitlines() if x.startswith("kvscope: ")]
+    attached = next(x for x in lines if x.startswith("kvscope: attached to"))
+    assert "max_model_len unknown" in attached and "KV pool unknown" in attached
+    assert any(NOT_VLLM in x for x in lines), lines
+    # The mock's model name is no tokenizer here: kvscope's own counts, and it says so.
+    assert any("No tokenizer for 'llama-3.1-8b-instruct'" in x for x in lines), lines
+
+
+def test_a_tokenizer_that_does_not_load_is_one_line(mock: MockServer) -> None:
+    out = run_kvscope(
+        "generate", "--url", mock.url, "--tokenizer", "/nonexistent/tok", "--prompt-tokens", "8",
+        env=_env(), timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    one_line(out.stderr, "--tokenizer", "/nonexistent/tok", besides=("kvscope: attached",))
+
+
+def test_a_limit_given_by_flag_is_the_wall(mock: MockServer) -> None:
+    out = run_kvscope(
+        "generate", "--url", mock.url, "--max-model-len", "64", "--prompt-tokens", "64",
+        env=_env(), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "64 tokens" in out.stderr and "at most 63" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+def test_text_sent_for_token_ids_reads_back_as_the_same_ids() -> None:
+    # A server that takes no token IDs is sent their text; the count is exact only if the
+    # tokenizer reads that text back as the same IDs, template markers and all.
+    tokenizer = ClientTokenizer.load(str(embedded_model_dir()), ())
+    prompts = RemotePrompts(tokenizer)
+    for n, seed in ((3, 1), (100, 2), (2000, 3)):
+        ids = prompts.synthetic(n, suffix="Now count to ten.", seed=seed)
+        assert len(ids) == n
+        assert tokenizer.text_ids(tokenizer.text(ids)) == list(ids), n
+    chat = prompts.chat_ids([ChatMessage("user", "hello there")])
+    assert tokenizer.text_ids(tokenizer.text(chat)) == list(chat)
+
+
+@pytest.mark.own_engine  # `vllm bench serve` imports vLLM, in its own process
+def test_at_32_streams_kvscope_reads_the_mocks_timings_as_well_as_vllm_bench_serve(
+    mock: MockServer,
+) -> None:
+    # The mock's own lag under 32 streams on this host is the tolerance: measured by
+    # `vllm bench serve` in the same test, beside kvscope's load runner.
+    users, output, prompts = 32, 32, 64
+    ours = kvscope_round(mock.url, users, output, prompts)
+    theirs = vllm_round(mock.url, users, output, prompts)
+    assert isinstance(ours, dict), ours
+    assert isinstance(theirs, dict), theirs
+    said = f"kvscope {ours}\nvllm bench serve {theirs}"
+    their_itl_error = abs(theirs["median_itl_ms"] - ITL_MS)
+    assert abs(ours["median_itl_ms"] - ITL_MS) <= their_itl_error + 1.0, said
+    # Neither client can see a token before the mock sends it.
+    assert ours["median_ttft_ms"] >= TTFT_MS and ours["median_itl_ms"] > 0, said
+    their_ttft_error = theirs["median_ttft_ms"] - TTFT_MS
+    assert ours["median_ttft_ms"] - TTFT_MS <= 1.5 * their_ttft_error + 0.1 * TTFT_MS, said
+
+
+def test_walls_nobody_told_are_not_drawn_and_the_card_says_unknown() -> None:
+    import dataclasses
+
+    from engine.fake import FakeEngine
+    from tui.widgets.prompt_length_slider import walls_for
+
+    card = FakeEngine().start()
+    assert {w.kind for w in walls_for(card, 1)} >= {"max_model_len", "kv_pool"}
+    assert card.nearest_known_limit == min(card.max_model_len, card.kv_pool_tokens)
+    # A server that says neither its context limit nor its pool (GuideLLM's mock).
+    silent = dataclasses.replace(
+        card, max_model_len=0, total_blocks=0, block_size=0, kv_capacity_tokens=0,
+        unknown=("max_model_len", "block_size", "total_blocks"),
+    )  # fmt: skip
+    assert walls_for(silent, 1) == []
+    assert silent.nearest_known_limit is None
+    pool_only = dataclasses.replace(card, max_model_len=0, unknown=("max_model_len",))
+    assert [w.kind for w in walls_for(pool_only, 1)] == ["kv_pool"]
+    assert pool_only.nearest_known_limit == card.kv_pool_tokens
