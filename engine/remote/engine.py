@@ -272,6 +272,13 @@ class RemoteEngine:
     def _context(self, served: int | None) -> tuple[int, ContextSource]:
         """The context limit and where it came from; 0 when nobody says (no wall drawn)."""
         if served is not None:
+            given = self.max_model_len_given
+            if given and given != served:
+                raise BadOption(
+                    "--max-model-len",
+                    f"the server says its own max_model_len ({served:,}); the flag is for a "
+                    "server that does not say one (to limit vLLM's, start it with the flag)",
+                )
             return served, "server"
         if self.max_model_len_given:
             return self.max_model_len_given, "flag"

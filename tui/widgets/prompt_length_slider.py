@@ -100,8 +100,10 @@ def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wa
                 f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
             )
         )
-    # A wall nobody told (a server that says no max_model_len, or no pool) is not drawn.
-    return sorted((w for w in walls if w.tokens > 0), key=lambda w: (w.tokens, w.marker))
+    # A wall nobody told (a server that says no max_model_len, or no pool) is not drawn;
+    # one told but already passed (a pool share under the output) still is.
+    told = {"max_model_len": card.max_model_len > 0, "kv_pool": card.total_blocks > 0}
+    return sorted((w for w in walls if told.get(w.kind, True)), key=lambda w: (w.tokens, w.marker))
 
 
 def consequences(passed: list[Wall]) -> list[str]:
