@@ -20,6 +20,7 @@ from engine.remote.prompts import RemotePrompts
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.skipif(
     not GUIDELLM.exists(), reason="no .venv-mock: `make setup` (scripts/setup.sh) makes it"
@@ -142,3 +143,34 @@ def test_walls_nobody_told_are_not_drawn_and_the_card_says_unknown() -> None:
     pool_only = dataclasses.replace(card, max_model_len=0, unknown=("max_model_len",))
     assert [w.kind for w in walls_for(pool_only, 1)] == ["kv_pool"]
     assert pool_only.nearest_known_limit == card.kv_pool_tokens
+
+
+def test_find_max_against_a_mock_of_four_slots_lands_on_the_capacity_its_timings_imply(
+    tmp_path: Path,
+) -> None:
+    # Four slots, each held for TTFT + (N-1) x ITL: the mock serves at most
+    # 4 / (0.1 + 9 x 0.01) = 21 requests/s, whatever the client. Arrivals at a constant
+    # rate queue only past that, so a TTFT objective of 3x the set TTFT fails just above it.
+    slots, output = 4, 10
+    capacity = slots / ((TTFT_MS + (output - 1) * ITL_MS) / 1000)
+    capped = MockServer(TTFT_MS, ITL_MS, ("--max-concurrent-requests", str(slots))).start()
+    try:
+        out = run_kvscope(
+            "bench", "--url", capped.url, "--find-max", "--request-rate", "12",
+            "--arrival", "constant", "--duration", "3", "--prompt-lens", "32",
+            "--output-len", str(output), "--goodput", f"ttft:{3 * TTFT_MS:.0f}",
+            "--json", str(tmp_path / "r.json"),
+            env=_env(), timeout=300,
+        )  # fmt: skip
+    finally:
+        capped.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    found = json.loads((tmp_path / "r.json").read_text())["find_max"]
+    said = json.dumps(found, indent=1)
+    assert found["mode"] == "rate" and found["best"] is not None, said
+    assert abs(found["best"] - capacity) <= 0.15 * capacity, (capacity, said)
+    # It says why the next rate up failed: the queue grew, or TTFT went over the objective.
+    assert found["next_failure"], said
+    assert "over-saturated" in found["next_failure"] or "over 300 ms" in found["next_failure"]
+    assert found["sentence"] in " ".join(out.stdout.split()), out.stdout[-2000:]
