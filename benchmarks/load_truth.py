@@ -11,6 +11,12 @@ neither the bottleneck nor the error.
 
     python benchmarks/load_truth.py                   # 256 users, 64 tokens, ITL 40 ms
     python benchmarks/load_truth.py --users 64 --rounds 1 --no-vllm
+    python benchmarks/load_truth.py --server mock     # GuideLLM's mock server instead
+
+`--server mock` drives GuideLLM's mock server (benchmarks/guidellm_mock.py, from
+.venv-mock): a server someone else wrote, not vLLM, so kvscope counts prompts with its own
+tokenizer and sends text. It keeps no record of how late it sent, so its column of
+"error against what the server sent" is the error against the set value.
 
 Rounds alternate kvscope and vLLM (kvscope, vllm, kvscope, vllm, ...), so both see the
 same host; each round prints how busy the host was, and how late the server itself sent
@@ -65,6 +71,8 @@ class Round:
 class ServerProcess:
     """benchmarks/timed_server.py in a process of its own; `stop()` ends it."""
 
+    name = "timed server"
+
     def __init__(self, ttft_ms: float, itl_ms: float) -> None:
         argv = [
             sys.executable, str(ROOT / "benchmarks" / "timed_server.py"),
@@ -91,6 +99,24 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+class MockProcess:
+    """GuideLLM's mock server, with the same face as ServerProcess; it has no /stats."""
+
+    name = "GuideLLM mock server"
+
+    def __init__(self, ttft_ms: float, itl_ms: float) -> None:
+        from benchmarks.guidellm_mock import MockServer
+
+        self.mock = MockServer(ttft_ms, itl_ms).start()
+        self.url = self.mock.url
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def stop(self) -> None:
+        self.mock.stop()
 
 
 def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, float] | str:
@@ -183,13 +209,20 @@ def table(rounds: list[Round], ttft_ms: float, itl_ms: float, users: int) -> str
     second error is then the client's own."""
 
     def cell(key: str, set_ms: float) -> Callable[[dict[str, float]], str]:
-        return lambda f: f"{f[key]:8.2f} ({f[key] - set_ms:+7.2f}) [{f['sent ' + key]:+6.2f}]"
+        def show(f: dict[str, float]) -> str:
+            sent = f" [{f['sent ' + key]:+6.2f}]" if "sent " + key in f else " [ n/a ]"
+            return f"{f[key]:8.2f} ({f[key] - set_ms:+7.2f}){sent}"
+
+        return show
 
     rows: list[tuple[str, Callable[[dict[str, float]], str]]] = [
         ("streams", lambda f: f"{users}"),
         ("output tokens/s", lambda f: f"{f['output_throughput']:,.0f}"),
         ("client CPU µs a token", lambda f: f"{f['cpu_us_per_token']:.0f}"),
-        ("server late (mean ms)", lambda f: f"{f['mean_late_ms']:.2f}"),
+        (
+            "server late (mean ms)",
+            lambda f: f"{f['mean_late_ms']:.2f}" if "mean_late_ms" in f else "not said",
+        ),
     ]
     for stat in ("mean", "median", "p99"):
         for name, set_ms in (("ttft", ttft_ms), ("itl", itl_ms)):
@@ -203,8 +236,12 @@ def table(rounds: list[Round], ttft_ms: float, itl_ms: float, users: int) -> str
             continue
         merged = [
             r.figures
-            | {f"sent {k}": r.figures[k] - r.server.get(k, 0.0) for k in FIGURES}
-            | {"mean_late_ms": r.server.get("mean_late_ms", 0.0)}
+            | (
+                {f"sent {k}": r.figures[k] - r.server.get(k, 0.0) for k in FIGURES}
+                if r.server
+                else {}
+            )
+            | ({"mean_late_ms": r.server["mean_late_ms"]} if r.server else {})
             for r in mine
         ]
         per[w] = {k: statistics.median(m[k] for m in merged) for k in merged[0]}
@@ -224,11 +261,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="measured rounds after a warm-up")
     ap.add_argument("--prompts", type=int, default=0, help="requests a round (2 x users)")
     ap.add_argument("--no-vllm", action="store_true", help="skip vllm bench serve")
+    ap.add_argument(
+        "--server", choices=("timed", "mock"), default="timed",
+        help="kvscope's timed server (default) or GuideLLM's mock server",
+    )  # fmt: skip
     args = ap.parse_args()
     prompts = args.prompts or args.users * 2
-    server = ServerProcess(args.ttft_ms, args.itl_ms)
+    server: ServerProcess | MockProcess = (MockProcess if args.server == "mock" else ServerProcess)(
+        args.ttft_ms, args.itl_ms
+    )
     print(
-        f"timed server {server.url} (own process): TTFT {args.ttft_ms:g} ms, ITL "
+        f"{server.name} {server.url} (own process): TTFT {args.ttft_ms:g} ms, ITL "
         f"{args.itl_ms:g} ms set; {args.users} streams x {args.output} tokens, {prompts} "
         f"requests a round (~{args.users * 1e3 / args.itl_ms:,.0f} tokens/s asked)"
     )
@@ -246,6 +289,13 @@ def main() -> int:
                     got = vllm_round(server.url, args.users, args.output, prompts)
                 note = host.note()
                 late = server.stats()
+                sent = (
+                    f"server {late['peak_streams']:.0f} streams at once, sent "
+                    f"{late['mean_late_ms']:.2f} ms late on average, worst "
+                    f"{late['worst_late_ms']:.1f}"
+                    if late
+                    else "the server says nothing of its own lateness"
+                )
                 label = "warm-up" if r == 0 else f"round {r}"
                 if isinstance(got, str):
                     print(f"{label:>8} {who:>16}: {got}")
@@ -255,9 +305,7 @@ def main() -> int:
                     f"p99 {got['p99_ttft_ms']:7.1f} ms  ITL p50 {got['median_itl_ms']:6.2f} "
                     f"p99 {got['p99_itl_ms']:6.2f} ms  {got['output_throughput']:6,.0f} tok/s, "
                     f"{got['cpu_us_per_token']:.0f} µs CPU a token  "
-                    f"({note}; server {late['peak_streams']:.0f} streams at once, sent "
-                    f"{late['mean_late_ms']:.2f} ms late on average, worst "
-                    f"{late['worst_late_ms']:.1f})"
+                    f"({note}; {sent})"
                 )
                 if r:
                     rounds.append(Round(who, got, note, late))

@@ -37,6 +37,8 @@ from typing import Any
 
 from session_engine import TEST_DTYPE
 
+from benchmarks.guidellm_mock import free_port as free_port  # for the tests that import it here
+
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "kvscope-test-key"
 MAX_MODEL_LEN = 1024
@@ -45,12 +47,6 @@ BLOCK_SIZE = 32
 KV_CACHE_BYTES = 128 * 1024**2
 START_TIMEOUT_S = 240.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def model_dir() -> str:

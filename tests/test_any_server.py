@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cli_helpers import one_line, run_kvscope
-from mock_server import GUIDELLM, MockServer
 
+from benchmarks.guidellm_mock import GUIDELLM, MockServer
 from benchmarks.load_truth import kvscope_round, vllm_round
 from engine.events import ChatMessage
 from engine.model_prep import embedded_model_dir

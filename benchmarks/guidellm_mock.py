@@ -1,7 +1,8 @@
 """GuideLLM's mock server on loopback: an OpenAI-compatible server someone else wrote, with
 a set TTFT and ITL, that the GuideLLM project uses as its known-truth target.
 
-It runs unmodified from its own venv (.venv-mock, made by scripts/setup.sh), in a process
+The tests (tests/test_any_server.py) and benchmarks/load_truth.py start it. It runs
+unmodified from its own venv (.venv-mock, made by scripts/setup.sh), in a process
 group of its own that the fixture kills. It is not vLLM: no max_model_len, no /metrics,
 no vLLM /tokenize, no token-ID prompts. That is the point.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -18,11 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from remote_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = ROOT / ".venv-mock" / "bin" / "guidellm"
 START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the mock takes no port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
