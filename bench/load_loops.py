@@ -13,12 +13,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bench.saturation import SaturationWatch
-from engine.errors import KvscopeError
+from engine.errors import (
+    ConnectionLost,
+    EngineDied,
+    KvscopeError,
+    RequestRejected,
+    ServerUnreachable,
+)
 from engine.events import GenerationRequest, RequestFinished, TokenEvent
+from engine.remote.timeouts import ServerStalled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,9 +36,36 @@ if TYPE_CHECKING:
     from engine.protocol import Engine
 
 
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+
+
+def failure_cause(exc: KvscopeError) -> str:
+    """What broke a request, in the words a load result counts failures by: "HTTP 500",
+    "cut" (the stream broke), "timeout" (a --timeout limit ran out), "replica down" (no
+    server answered), "engine died", else "refused" (the engine said no)."""
+    if isinstance(exc, ServerStalled):  # before ServerUnreachable: it is one
+        return "timeout"
+    if isinstance(exc, ConnectionLost):
+        return "cut"
+    if isinstance(exc, ServerUnreachable):
+        return "replica down"
+    if isinstance(exc, EngineDied):
+        return "engine died"
+    if isinstance(exc, RequestRejected):
+        # The server's status is only in the words (engine/remote writes "HTTP 500: ...").
+        status = _HTTP_STATUS.search(exc.reason)
+        if status:
+            return f"HTTP {status.group(1)}"
+    return "refused"
+
+
 @dataclass(eq=False)
 class SentRequest:
-    """One request of a point: when it was planned and sent, and how it ended."""
+    """One request of a point: when it was planned and sent, and how it ended.
+
+    A request that fails keeps what it got before it failed (`tokens`, `first_token_s`,
+    `token_s`) and when (`failed_s`), so a result can show the partial reply.
+    """
 
     request: GenerationRequest
     planned_s: float | None
@@ -38,6 +73,10 @@ class SentRequest:
     user: int | None = None
     finished: RequestFinished | None = None
     error: str | None = None
+    cause: str | None = None  # failure_cause() of the error
+    tokens: int = 0  # output tokens received, finished or not
+    token_s: list[float] = field(default_factory=list)  # each token event, from the send
+    failed_s: float | None = None  # from the send to the failure
 
 
 class PointInFlight:
@@ -80,17 +119,22 @@ class PointInFlight:
         self.tick(self)
         try:
             async for event in self.engine.stream(s.request):
-                if isinstance(event, TokenEvent) and event.index == 0 and self.watch:
-                    self.watch.first_token(s.sent_s, event.time_s - self.start - s.sent_s)
+                if isinstance(event, TokenEvent):
+                    since_send = event.time_s - self.start - s.sent_s
+                    s.tokens += len(event.token_ids)
+                    s.token_s.append(since_send)
+                    if event.index == 0 and self.watch:
+                        self.watch.first_token(s.sent_s, since_send)
                 elif isinstance(event, RequestFinished):
                     s.finished = event
         except KvscopeError as exc:
-            s.error = exc.plain()
+            s.error, s.cause = exc.plain(), failure_cause(exc)
+            s.failed_s = self.elapsed() - s.sent_s
         finally:
             self.in_flight -= 1
             self.done += 1
             if self.watch is not None:
-                self.watch.ended(self.elapsed())
+                self.watch.ended(self.elapsed(), failed=s.error is not None)
         self._check()
         self.tick(self)
 

@@ -6,6 +6,11 @@ A point's figures carry `vllm bench serve`'s names (`request_throughput`,
 JSON reads beside vLLM's. Beside them, `steps`: kvscope's own view of the engine's
 scheduler over the point (batch, queue, KV, preemptions, prefill's share of step time),
 where the engine shows its steps.
+
+Failed requests are never left out, as `vllm bench serve` says "Failed requests": a
+point counts them (`failed`, and `failed_by_cause`: "HTTP 500", "cut", "timeout",
+"replica down", ...), keeps each in `requests` with its cause and what it got before it
+failed, and is not `ok` when any failed (its figures then describe the survivors only).
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ import csv
 import io
 import json
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from bench.arrivals import ArrivalKind
 
 LoadMode = Literal["concurrency", "rate"]
@@ -80,10 +88,10 @@ class LoadPoint:
     max_concurrency: int | None  # the users of a closed loop; None: open loop
     request_rate: float | None  # requests/s of an open loop (inf: all at once)
     burstiness: float | None
-    ok: bool = True
+    ok: bool = True  # False when the point failed, or any of its requests did
     error: str | None = None
     completed: int = 0
-    failed: int = 0
+    failed: int = 0  # requests that ended in an error: `failed_by_cause` says which
     aborted: int = 0  # in flight when the point stopped early
     total_input_tokens: int = 0
     total_output_tokens: int = 0
@@ -128,6 +136,27 @@ class LoadPoint:
         return level_label(self.profile, self.max_concurrency, self.request_rate)
 
     @property
+    def sent(self) -> int:
+        """Every request the point sent: completed, failed or aborted."""
+        return self.completed + self.failed + self.aborted
+
+    @property
+    def failed_by_cause(self) -> dict[str, int]:
+        """Failed requests by cause, most first. Read from `requests`, where each failed
+        one says its cause, so a saved file gives the same counts back."""
+        counts = Counter(str(r["failure"]) for r in self.requests if r.get("failure"))
+        unknown = self.failed - sum(counts.values())
+        if unknown > 0:  # a file from before causes were kept
+            counts["unknown"] += unknown
+        return dict(counts.most_common())
+
+    def failure_words(self) -> str | None:
+        """How many of the point's requests failed, and why; None when none did."""
+        if not self.failed:
+            return None
+        return failure_words(self.failed, self.sent, self.failed_by_cause)
+
+    @property
     def level(self) -> float:
         """The load level on its mode's axis (users, or requests/s)."""
         if self.request_rate is not None:
@@ -149,6 +178,7 @@ class LoadPoint:
                 continue
             out[f.name] = _num(getattr(self, f.name))
         out["label"] = self.label
+        out["failed_by_cause"] = self.failed_by_cause
         out["notes"] = " ".join(self.notes)
         if self.steps is not None:
             out.update({f"steps_{k}": _num(v) for k, v in asdict(self.steps).items()})
@@ -191,6 +221,9 @@ class LoadResult:
         writer = csv.DictWriter(buf, fieldnames=names, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
+            # A cell holds one value: the causes as "HTTP 500: 7; cut: 1".
+            causes = r.get("failed_by_cause") or {}
+            r["failed_by_cause"] = "; ".join(f"{k}: {v}" for k, v in causes.items())
             writer.writerow(r)
         return buf.getvalue()
 
@@ -200,6 +233,13 @@ def _num(v: Any) -> Any:
     if isinstance(v, float) and math.isinf(v):
         return "inf"
     return v
+
+
+def failure_words(failed: int, sent: int, causes: Mapping[str, int]) -> str:
+    """Say "7 of 8 requests failed (HTTP 500: 7)", the causes most first."""
+    ordered = sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))
+    why = ", ".join(f"{cause}: {n}" for cause, n in ordered)
+    return f"{failed} of {sent} requests failed" + (f" ({why})" if why else "")
 
 
 def level_label(profile: Profile, users: int | None, rate: float | None) -> str:

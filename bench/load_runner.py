@@ -12,6 +12,7 @@ so the CLI and the playground drive the same runner. Times are on the engine's c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from bench.load_result import (
     LoadResult,
     Profile,
     StepView,
+    failure_words,
     level_label,
 )
 from bench.records import request_record
@@ -275,11 +277,27 @@ class LoadRunner:
         aborted += sum(1 for s in p.sent if s.finished is None and s.error is None)
         fins = [s.finished for s in done if s.finished is not None]
         ends = [s.sent_s + f.e2e_s for s in done if (f := s.finished) is not None]
+        ends += [s.sent_s + s.failed_s for s in failed if s.failed_s is not None]
+        # Every request in the order sent, failed ones too: a failure is a result.
+        records = tuple(_record(s) for s in p.sent if _kept(s))
+        causes = Counter(s.cause or "refused" for s in failed)
         duration = max([p.elapsed(), *ends]) if p.stop_reason is None else p.elapsed()
         if not fins:
             why = failed[0].error if failed else (p.stop_reason or "no request completed")
             failed_point = _failed(level, why or "no request completed", aborted=aborted)
-            return replace(failed_point, failed=len(failed), stopped_early=p.stop_reason)
+            if failed:
+                # The sentence says how many and why; the first error says it in full.
+                why = f"{failure_words(len(failed), len(failed) + aborted, causes)}: {why}"
+            return replace(
+                failed_point,
+                error=why,
+                failed=len(failed),
+                stopped_early=p.stop_reason,
+                requests=records,
+                duration_s=duration,
+                max_concurrent_requests=p.peak,
+                **_missed_everything(c.goodput),
+            )
         ttft = [f.ttft_s for f in fins if f.ttft_s is not None]
         slos = [RequestSlo.of(f.ttft_s, f.e2e_s, f.output_tokens) for f in fins]
         tpot = [r.tpot_s for r, f in zip(slos, fins, strict=True) if f.output_tokens > 1]
@@ -293,7 +311,8 @@ class LoadRunner:
             for stat, pct in (("median", 50), ("p90", 90), ("p99", 99)):
                 figures[f"{stat}_{name}_ms"] = percentile(values, pct) * 1e3
         if c.goodput:
-            g = goodput(slos, c.goodput, duration)
+            # A failed request met no objective; nor did one aborted unfinished.
+            g = goodput(slos, c.goodput, duration, missed=len(failed) + aborted)
             figures["request_goodput"] = g.request_goodput
             figures["slo_all_within"] = g.all_within
             for name, share in g.within.items():
@@ -307,6 +326,14 @@ class LoadRunner:
         known = [f.cached_prompt_tokens for f in fins if f.cached_prompt_tokens is not None]
         steps, queued = step_view(taps, p.start, done)
         notes = _notes(p, steps, queued, len(done))
+        words = None
+        if failed:
+            # Said first: every figure below describes the requests that survived.
+            words = failure_words(len(failed), len(fins) + len(failed) + aborted, causes)
+            notes[:0] = [
+                f"{words}; the figures are the {len(fins)} completed",
+                *_first_errors(failed),
+            ]
         if known and sum(known) > 0:
             share = sum(known) / max(total_in, 1)
             notes.append(
@@ -320,6 +347,8 @@ class LoadRunner:
             max_concurrency=level.concurrency,
             request_rate=level.rate,
             burstiness=c.burstiness if level.rate is not None else None,
+            ok=not failed,
+            error=words,
             completed=len(fins),
             failed=len(failed),
             aborted=aborted,
@@ -336,7 +365,7 @@ class LoadRunner:
             stopped_early=p.stop_reason,
             notes=tuple(notes),
             steps=steps,
-            requests=tuple(_record(s) for s in done),
+            requests=records,
             **figures,
         )
 
@@ -353,9 +382,16 @@ def _failed(level: LoadLevel, why: str, aborted: int = 0) -> LoadPoint:
     )
 
 
+def _missed_everything(slo_ms: dict[str, float]) -> dict[str, Any]:
+    """Goodput of a point where no request completed: nothing met any objective."""
+    if not slo_ms:
+        return {}
+    shares = {f"slo_{name}_within": 0.0 for name in slo_ms}
+    return {"request_goodput": 0.0, "slo_all_within": 0.0, **shares}
+
+
 def _record(s: SentRequest) -> dict[str, Any]:
-    assert s.finished is not None
-    out = request_record(s.finished)
+    out = request_record(s.finished) if s.finished is not None else _failed_record(s)
     out["sent_s"] = s.sent_s
     if s.planned_s is not None:
         out["planned_s"] = s.planned_s
@@ -363,6 +399,42 @@ def _record(s: SentRequest) -> dict[str, Any]:
     if s.user is not None:
         out["user"] = s.user
     return out
+
+
+def _first_errors(failed: list[SentRequest]) -> list[str]:
+    """The first error of each cause, in words: "replica down: No vLLM server answers at
+    ..." says which server is down, "HTTP 500: ..." what it said."""
+    first: dict[str, str] = {}
+    for s in failed:
+        first.setdefault(s.cause or "refused", s.error or "no reason given")
+    return [f"{cause}: {error}" for cause, error in first.items()]
+
+
+def _kept(s: SentRequest) -> bool:
+    """Whether a request is in the point's `requests`: completed or failed (one aborted
+    when the point stopped early was the point's own doing)."""
+    if s.finished is not None:
+        return s.finished.reason != "abort"
+    return s.error is not None
+
+
+def _failed_record(s: SentRequest) -> dict[str, Any]:
+    """A failed request as far as it got: the tokens and their times before the failure,
+    its cause ("HTTP 500", "cut", "timeout", "replica down", ...) and the error's words."""
+    gaps = [b - a for a, b in zip(s.token_s, s.token_s[1:], strict=False)]
+    ids = s.request.prompt_token_ids
+    return {
+        "request_id": s.request.request_id,
+        "prompt_tokens": len(ids) if ids is not None else None,
+        "output_tokens": s.tokens,  # received before the failure
+        "finish_reason": None,
+        "failure": s.cause,
+        "error": s.error,
+        "ttft_s": s.token_s[0] if s.token_s else None,
+        "itl_s": gaps,
+        "e2e_s": None,  # it never ended: failed_after_s says when it broke
+        "failed_after_s": s.failed_s,
+    }
 
 
 def _notes(p: PointInFlight, steps: StepView | None, queued: int, completed: int) -> list[str]:

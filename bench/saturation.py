@@ -12,6 +12,11 @@ so does kvscope. Two signs, from the client's own view (so they hold for every e
 
 A closed loop cannot over-saturate (its users wait for their replies) and a rate of `inf`
 sends everything at once, so neither is checked.
+
+A request that failed says nothing about capacity: a server that stalls streams until the
+timeout grows a queue too, one that answers HTTP 500 serves nobody. Once one has failed
+neither sign is read, so such a point runs to its end, counts its failures and is never
+called over-saturated.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class SaturationWatch:
     _sent: int = 0
     _in_flight: int = 0
     _ended: int = 0
+    _failed: int = 0
 
     def sent(self, at: float) -> None:
         if self._start is None:
@@ -45,9 +51,10 @@ class SaturationWatch:
         self._in_flight += 1
         self._outstanding.append((at, self._in_flight))
 
-    def ended(self, at: float) -> None:
+    def ended(self, at: float, *, failed: bool = False) -> None:
         self._in_flight -= 1
         self._ended += 1
+        self._failed += failed
         self._outstanding.append((at, self._in_flight))
 
     def first_token(self, sent_at: float, ttft_s: float) -> None:
@@ -57,6 +64,8 @@ class SaturationWatch:
         """Why the point is over-saturated, in one sentence; None while it is not."""
         if self._start is None or self._sent < self.min_requests or self._ended < self.min_ended:
             return None
+        if self._failed:
+            return None  # failures, not a queue: the point counts them to its end
         return self._queue_grows(now) or self._ttft_climbs()
 
     def _queue_grows(self, now: float) -> str | None:

@@ -43,7 +43,15 @@ EXIT_SOME_FAILED = 3
 
 def add_load_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "load (a --concurrency list, --request-rate, --sweep or --find-max turns it on)"
+        "load (a --concurrency list, --request-rate, --sweep or --find-max turns it on)",
+        description=(
+            "Failed requests (an HTTP error, a cut stream, a --timeout, a server that is\n"
+            "down) are counted on every point as 'N of M failed', by cause, in the table\n"
+            "and the JSON, and count as missing every --goodput objective.\n"
+            "exit status in load mode: 0 when every request of every point completed,\n"
+            f"{EXIT_SOME_FAILED} when any request or point failed (stderr says which), "
+            "1 or 2 on errors\nbefore the load."
+        ),
     )
     g.add_argument(
         "--request-rate",
@@ -445,13 +453,18 @@ def measure_load(
 
 
 def report_load(result: LoadResult, files: list[ResultFile]) -> int:
+    """The table and sentence; then 0, or EXIT_SOME_FAILED when any request or point
+    failed (a point with failed requests is not ok), said in one line on stderr."""
     render_load(result, Console(file=sys.stdout, width=160))
     say_problems(files)
     failed = [p for p in result.points if not p.ok]
     if failed:
+        requests = sum(p.failed for p in result.points)
+        of = f"{requests:,} request{'' if requests == 1 else 's'} failed; " if requests else ""
         print(
-            f"kvscope: {len(failed)} of {len(result.points)} load points failed: "
-            + "; ".join(f"{p.label}: {p.error}" for p in failed),
+            f"kvscope: {of}{len(failed)} of {len(result.points)} load points failed: "
+            + "; ".join(f"{p.label}: {p.error}" for p in failed)
+            + f" (exit status {EXIT_SOME_FAILED})",
             file=sys.stderr,
         )
         return EXIT_SOME_FAILED

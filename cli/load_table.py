@@ -26,7 +26,7 @@ def render_load(result: LoadResult, console: Console) -> None:
     )
     goodput = bool(c.goodput)
     roofline = any(p.roofline_output_throughput is not None for p in result.points)
-    cols = ["load", "done", "req/s", "out tok/s", "total tok/s"]
+    cols = ["load", "done", "failed", "req/s", "out tok/s", "total tok/s"]
     cols += ["mean TTFT ms", "p99 TTFT ms", "median ITL ms", "p99 ITL ms", "mean TPOT ms"]
     cols += ["mean E2EL ms", "batch mean/max", "queue max", "KV max", "prefill %"]
     cols += ["sched err p99 ms"]
@@ -37,13 +37,16 @@ def render_load(result: LoadResult, console: Console) -> None:
     for col in cols:
         table.add_column(col, justify="right")
     for p in result.points:
-        if not p.ok:
-            table.add_row(p.label, "[red]failed[/]", f"[red]{(p.error or '')[:40]}[/]")
+        if not p.ok and not p.completed:
+            # Nothing to measure: the line under the table says why.
+            failed = f"{p.failed} of {p.sent}" if p.failed else "-"
+            table.add_row(p.label, "0", f"[red]{failed}[/]", *["-"] * (len(cols) - 3))
             continue
         s = p.steps
         row = [
             p.label,
             f"{p.completed}" + (f"+{p.aborted}✗" if p.aborted else ""),
+            f"[red]{p.failed} of {p.sent}[/]" if p.failed else f"0 of {p.sent}",
             f"{p.request_throughput:,.2f}",
             f"{p.output_throughput:,.1f}",
             f"{p.total_token_throughput:,.1f}",
@@ -66,8 +69,10 @@ def render_load(result: LoadResult, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     for p in result.points:
+        if not p.ok and not p.completed:
+            console.print(f"{p.label}: failed: {p.error}", markup=False, highlight=False)
         for note in p.notes:
-            console.print(f"{p.label}: {note}")
+            console.print(f"{p.label}: {note}", markup=False, highlight=False)
     console.print(verdict(result.points, roofline=roofline))
     if result.find_max:
         console.print(str(result.find_max.get("sentence", "")))
@@ -78,9 +83,36 @@ def render_load(result: LoadResult, console: Console) -> None:
 
 
 def verdict(points: list[LoadPoint], *, roofline: bool = False) -> str:
-    """What the load's own numbers show, in one sentence: never a fixed text."""
+    """What the load's own numbers show, in one sentence: never a fixed text. Failures
+    come first: a point where requests failed measured the server's errors, not its
+    capacity, so it is named and left out of the comparison (it is never "saturation")."""
+    failures = failure_sentence(points)
+    return failures + _compare(points, roofline=roofline)
+
+
+def failure_sentence(points: list[LoadPoint]) -> str:
+    """Failed requests and points, named before anything is concluded; "" when none."""
+    said = []
+    for p in points:
+        if p.failed:
+            said.append(f"{p.label}: {p.failure_words()}")
+        elif not p.ok:
+            said.append(f"{p.label}: the point failed")
+    if not said:
+        return ""
+    total = sum(p.failed for p in points)
+    what = f"{total:,} request{'' if total == 1 else 's'} failed" if total else "Points failed"
+    return (
+        f"{what}, so those points measured the failures, not the engine "
+        f"({'; '.join(said)}); they are left out of the comparison. "
+    )
+
+
+def _compare(points: list[LoadPoint], *, roofline: bool) -> str:
     ok = [p for p in points if p.ok and p.completed and p.output_throughput > 0]
     if len(ok) < 2:
+        if not ok and points:
+            return "No point ran clean: nothing to compare."
         return "One measured point: nothing to compare."
     users = [p for p in ok if p.max_concurrency is not None and p.request_rate is None]
     if len(users) >= 2:
