@@ -104,21 +104,24 @@ def test_http_500s_under_an_open_loop(tmp_path: Path) -> None:
     assert "20 req/s: 15 of 20 requests failed (HTTP 500: 15)" in run.stdout
 
 
-def test_cut_streams_keep_their_partial_replies(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("users", "prompts"), [("1,4", 8), ("64", 64)])
+def test_cut_streams_keep_their_partial_replies(tmp_path: Path, users: str, prompts: int) -> None:
     with HostileServer("cut", 2) as server:
-        run, data = bench(tmp_path, ["--url", server.url], "--concurrency", "1,4",
-                          "--num-prompts", "8")  # fmt: skip
+        run, data = bench(tmp_path, ["--url", server.url], "--concurrency", users,
+                          "--num-prompts", str(prompts))  # fmt: skip
     assert run.returncode == EXIT_SOME_FAILED, run.stderr
     for point in data["points"]:
-        assert (point["completed"], point["failed"]) == (0, 8)
-        assert point["failed_by_cause"] == {"cut": 8}
+        # Cut by the server, not aborted by kvscope: each one counted as failed.
+        assert (point["completed"], point["failed"], point["aborted"]) == (0, prompts, 0)
+        assert point["failed_by_cause"] == {"cut": prompts}
         assert point["request_goodput"] == 0.0 and point["slo_all_within"] == 0.0
         cut = failures(point)
-        assert len(cut) == 8
+        assert len(cut) == prompts
         # Two tokens came before each cut: the partial reply and its first token's time.
         assert all(r["output_tokens"] == 2 and r["ttft_s"] is not None for r in cut)
         assert all(r["failed_after_s"] >= r["ttft_s"] for r in cut)
-    assert "1 user: failed: 8 of 8 requests failed (cut: 8)" in run.stdout
+    label = data["points"][0]["label"]
+    assert f"{label}: failed: {prompts} of {prompts} requests failed (cut: {prompts})" in run.stdout
     assert "No point ran clean" in run.stdout
 
 
