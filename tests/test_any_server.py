@@ -174,3 +174,19 @@ def test_find_max_against_a_mock_of_four_slots_lands_on_the_capacity_its_timings
     assert found["next_failure"], said
     assert "over-saturated" in found["next_failure"] or "over 300 ms" in found["next_failure"]
     assert found["sentence"] in " ".join(out.stdout.split()), out.stdout[-2000:]
+
+
+def test_attaching_says_when_it_loads_a_tokenizer_of_its_own(mock: MockServer) -> None:
+    # Loading one takes seconds (tens on a busy host): the screen says so, not the question
+    # before it.
+    from engine.remote.engine import RemoteEngine
+
+    stages: list[str] = []
+    engine = RemoteEngine(mock.url, kv_events=None)
+    try:
+        engine.start(lambda p: stages.append(p.stage))
+    finally:
+        engine.shutdown()
+    loading = [s for s in stages if "loading a tokenizer" in s]
+    assert loading == ["not vLLM: loading a tokenizer here (llama-3.1-8b-instruct)"], stages
+    assert stages.index(loading[0]) > stages.index("asking which API the server speaks")

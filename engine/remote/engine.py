@@ -221,7 +221,7 @@ class RemoteEngine:
             report(LoadProgress("reading the KV pool from /metrics", 0.3))
             state = self._watch.read_pool(control, model, self.metrics_path)
             report(LoadProgress("asking which API the server speaks", 0.4))
-            tokenizer = self._tokenizer_for(control, model, root)
+            tokenizer = self._tokenizer_for(control, model, root, report)
             max_len, context = self._context(served_len)
             self.model = model
             self._card = self._make_card(model, max_len, root)
@@ -251,7 +251,9 @@ class RemoteEngine:
             self._where, self.api_key, verify=self.verify, timeouts=self.timeouts, timeout=timeout
         )
 
-    def _tokenizer_for(self, control: ServerClient, model: str, root: str) -> PromptTokenizer:
+    def _tokenizer_for(
+        self, control: ServerClient, model: str, root: str, report: ProgressCallback
+    ) -> PromptTokenizer:
         """vLLM's /tokenize when the server answers it in vLLM's chat form; else one here."""
         server = ServerTokenizer(control, model)
         try:
@@ -266,6 +268,10 @@ class RemoteEngine:
             return server
         from engine.remote.client_tokenizer import ClientTokenizer
 
+        # transformers' import and a tokenizer's files take seconds (tens on a busy host):
+        # said, so the screen does not sit on the question above.
+        wanted = self.tokenizer_name or model
+        report(LoadProgress(f"not vLLM: loading a tokenizer here ({wanted})", 0.5))
         self._client_tokenizer = ClientTokenizer.load(self.tokenizer_name, (root, model))
         return self._client_tokenizer
 
