@@ -73,10 +73,11 @@ class ServerProcess:
 
     name = "timed server"
 
-    def __init__(self, ttft_ms: float, itl_ms: float) -> None:
+    def __init__(self, ttft_ms: float, itl_ms: float, max_streams: int = 0) -> None:
         argv = [
             sys.executable, str(ROOT / "benchmarks" / "timed_server.py"),
             "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+            "--max-streams", str(max_streams),
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None

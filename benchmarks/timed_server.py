@@ -92,6 +92,10 @@ class TimedServer:
     connections: int = 0
     peak_streams: int = 0
     streams: int = 0
+    # At most this many streams at once (0: no limit); the rest wait for a slot, as
+    # requests wait for vLLM's --max-num-seqs, and their schedule starts when they get one.
+    max_streams: int = 0
+    slots: asyncio.Semaphore | None = None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -106,7 +110,13 @@ class TimedServer:
                     return
                 method, path, body = request
                 if path.startswith("/v1/completions") or path.startswith("/v1/chat/completions"):
-                    await self._complete(writer, body, chat="chat" in path)
+                    if self.max_streams and self.slots is None:
+                        self.slots = asyncio.Semaphore(self.max_streams)  # in the running loop
+                    if self.slots is None:
+                        await self._complete(writer, body, chat="chat" in path)
+                    else:
+                        async with self.slots:
+                            await self._complete(writer, body, chat="chat" in path)
                 else:
                     writer.write(self._answer(method, path, body))
                 await writer.drain()
@@ -213,7 +223,7 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] 
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    server = TimedServer(args.ttft_ms / 1e3, args.itl_ms / 1e3)
+    server = TimedServer(args.ttft_ms / 1e3, args.itl_ms / 1e3, max_streams=args.max_streams)
     listener = await asyncio.start_server(server.serve, "127.0.0.1", args.port, backlog=4096)
     port = listener.sockets[0].getsockname()[1]
     print(port, flush=True)  # the parent reads the port from the first line
@@ -234,6 +244,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--ttft-ms", type=float, default=200.0)
     ap.add_argument("--itl-ms", type=float, default=40.0)
+    ap.add_argument("--max-streams", type=int, default=0, help="streams at once (0: no limit)")
     args = ap.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main_async(args))

@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import one_line, run_kvscope
 
 from benchmarks.guidellm_mock import GUIDELLM, MockServer
-from benchmarks.load_truth import kvscope_round, vllm_round
+from benchmarks.load_truth import ServerProcess, kvscope_round, vllm_round
 from engine.events import ChatMessage
 from engine.model_prep import embedded_model_dir
 from engine.remote.client_tokenizer import ClientTokenizer
@@ -145,25 +145,31 @@ def test_walls_nobody_told_are_not_drawn_and_the_card_says_unknown() -> None:
     assert pool_only.nearest_known_limit == card.kv_pool_tokens
 
 
-def test_find_max_against_a_mock_of_four_slots_lands_on_the_capacity_its_timings_imply(
+def test_find_max_against_a_server_of_four_slots_lands_on_the_capacity_its_timings_imply(
     tmp_path: Path,
 ) -> None:
-    # Four slots, each held for TTFT + (N-1) x ITL: the mock serves at most
-    # 4 / (0.1 + 9 x 0.01) = 21 requests/s, whatever the client. Arrivals at a constant
-    # rate queue only past that, so a TTFT objective of 3x the set TTFT fails just above it.
-    slots, output = 4, 10
-    capacity = slots / ((TTFT_MS + (output - 1) * ITL_MS) / 1000)
-    capped = MockServer(TTFT_MS, ITL_MS, ("--max-concurrent-requests", str(slots))).start()
+    # GuideLLM's mock has --max-concurrent-requests, but its semaphore is released when the
+    # handler returns a streaming response, before the stream is sent: it never binds a
+    # streamed request (read in guidellm 0.8.1's mock_server/server.py; measured: the same
+    # find-max with and without it found 19.5 requests/s, the host's own limit). So the
+    # slots are kvscope's timed server's (benchmarks/timed_server.py --max-streams).
+    # Four slots, each held for TTFT + (N-1) x ITL: at most 4 / (0.2 + 9 x 0.02) = 10.5
+    # requests/s, whatever the client, about half what one client and server on a busy
+    # 2-core host manage unlimited. Arrivals at a constant rate queue only past it, so a
+    # TTFT objective of 3x the set TTFT fails just above it.
+    slots, output, ttft_ms, itl_ms = 4, 10, 200.0, 20.0
+    capacity = slots / ((ttft_ms + (output - 1) * itl_ms) / 1000)
+    server = ServerProcess(ttft_ms, itl_ms, max_streams=slots)
     try:
         out = run_kvscope(
-            "bench", "--url", capped.url, "--find-max", "--request-rate", "12",
+            "bench", "--url", server.url, "--find-max", "--request-rate", "4",
             "--arrival", "constant", "--duration", "3", "--prompt-lens", "32",
-            "--output-len", str(output), "--goodput", f"ttft:{3 * TTFT_MS:.0f}",
+            "--output-len", str(output), "--goodput", f"ttft:{3 * ttft_ms:.0f}",
             "--json", str(tmp_path / "r.json"),
             env=_env(), timeout=300,
         )  # fmt: skip
     finally:
-        capped.stop()
+        server.stop()
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     found = json.loads((tmp_path / "r.json").read_text())["find_max"]
@@ -172,7 +178,7 @@ def test_find_max_against_a_mock_of_four_slots_lands_on_the_capacity_its_timings
     assert abs(found["best"] - capacity) <= 0.15 * capacity, (capacity, said)
     # It says why the next rate up failed: the queue grew, or TTFT went over the objective.
     assert found["next_failure"], said
-    assert "over-saturated" in found["next_failure"] or "over 300 ms" in found["next_failure"]
+    assert "over-saturated" in found["next_failure"] or "over 600 ms" in found["next_failure"]
     assert found["sentence"] in " ".join(out.stdout.split()), out.stdout[-2000:]
 
 
@@ -190,3 +196,31 @@ def test_attaching_says_when_it_loads_a_tokenizer_of_its_own(mock: MockServer) -
     loading = [s for s in stages if "loading a tokenizer" in s]
     assert loading == ["not vLLM: loading a tokenizer here (llama-3.1-8b-instruct)"], stages
     assert stages.index(loading[0]) > stages.index("asking which API the server speaks")
+
+
+def test_a_mock_that_fails_after_six_requests_is_counted_per_point_and_kept(
+    tmp_path: Path,
+) -> None:
+    # GuideLLM's own failure mode: HTTP 500 for every generation request after the sixth.
+    # One user then four, four requests each: 4 good, then 2 good and 2 failed.
+    failing = MockServer(TTFT_MS, ITL_MS, ("--fail-after-requests", "6")).start()
+    try:
+        out = run_kvscope(
+            "bench", "--url", failing.url, "--concurrency", "1,4", "--num-prompts", "4",
+            "--prompt-lens", "16", "--output-len", "4", "--warmup", "0",
+            "--goodput", "ttft:60000", "--json", str(tmp_path / "r.json"),
+            env=_env(), timeout=300,
+        )  # fmt: skip
+    finally:
+        failing.stop()
+    assert out.returncode == 3, out.stderr[-3000:]  # "some requests failed", in --help
+    assert "Traceback" not in out.stderr
+    points = json.loads((tmp_path / "r.json").read_text())["points"]
+    assert [(p["completed"], p["failed"]) for p in points] == [(4, 0), (2, 2)], points
+    assert points[1]["failed_by_cause"] == {"HTTP 500": 2}, points[1]
+    assert points[0]["ok"] and not points[1]["ok"]
+    # Both points kept, each request of the failing one too, with its cause.
+    assert [len(p["requests"]) for p in points] == [4, 4]
+    # A failed request misses every objective: half of the second point's met them.
+    assert [p["slo_all_within"] for p in points] == [1.0, 0.5], points
+    assert "2 of 4" in out.stdout
