@@ -5,8 +5,10 @@ measures the length of the queue, not the engine: GuideLLM stops such a point ea
 so does kvscope. Two signs, from the client's own view (so they hold for every engine):
 
 - the queue grows through the point: the requests outstanding (sent, not finished),
-  averaged over each quarter of the time so far, rise from quarter to quarter, by at
-  least `min_growth` requests and half again over the first quarter;
+  averaged over each quarter of the time since the first reply ended, rise from quarter
+  to quarter, by at least `min_growth` requests and half again over the first quarter.
+  Before any reply has ended the queue rises under every load (from 0 to rate x E2EL,
+  Little's law): that is the point starting, not the engine falling behind;
 - TTFT rises linearly in time: over the first tokens so far, TTFT against send time has
   a correlation of at least `min_r` and the fitted line at least doubles.
 
@@ -43,6 +45,7 @@ class SaturationWatch:
     _in_flight: int = 0
     _ended: int = 0
     _failed: int = 0
+    _first_end: float | None = None  # where the ramp-up ends and the queue can be judged
 
     def sent(self, at: float) -> None:
         if self._start is None:
@@ -55,6 +58,8 @@ class SaturationWatch:
         self._in_flight -= 1
         self._ended += 1
         self._failed += failed
+        if self._first_end is None:
+            self._first_end = at
         self._outstanding.append((at, self._in_flight))
 
     def first_token(self, sent_at: float, ttft_s: float) -> None:
@@ -69,12 +74,15 @@ class SaturationWatch:
         return self._queue_grows(now) or self._ttft_climbs()
 
     def _queue_grows(self, now: float) -> str | None:
-        span = now - (self._start or 0.0)
+        begin = self._first_end
+        if begin is None:
+            return None
+        span = now - begin
         if span <= 0:
             return None
         means = []
         for k in range(self.windows):
-            lo = (self._start or 0.0) + span * k / self.windows
+            lo = begin + span * k / self.windows
             hi = lo + span / self.windows
             last = k == self.windows - 1
             inside = [n for t, n in self._outstanding if lo <= t < hi or (last and t == hi)]

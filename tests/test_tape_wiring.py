@@ -355,13 +355,15 @@ async def test_the_app_says_where_it_records_and_tapes_each_send(tmp_path: Path)
     app.script = SessionTape(recorder, None).script(None)
     async with app.run_test(size=(160, 48)) as pilot:
         await engine_ready(pilot)
+        # Read while it is up: the toast lasts 12 s, which two chats on a loaded host
+        # outlast (a fresh clone under load failed once reading it after them).
+        said = await notified(pilot, "Recording this session to")
+        assert said == f"Recording this session to {path} (--no-tape turns it off)."
         await send_chat(pilot, "What does the KV cache hold?")
         await reply_done(pilot)
         await pilot.press("ctrl+n")
         await send_chat(pilot, "Hello again")
         await reply_done(pilot)
-        toasts = [n.message for n in app._notifications]
-        assert f"Recording this session to {path} (--no-tape turns it off)." in toasts
         await app.action_quit()  # shuts the engine down, which closes the tape
         await pilot.pause(0.2)
     tape = read_tape(path)
