@@ -148,6 +148,25 @@ def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, 
     return figures
 
 
+def kvscope_process_round(
+    url: str, users: int, output: int, prompts: int
+) -> dict[str, float] | str:
+    """`kvscope_round` in a fresh interpreter of its own, as `vllm bench serve` runs: both
+    clients then start equal, with nothing else in their process (a pytest worker holds
+    engines and threads of its own) and the same share of a busy host."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from benchmarks.load_truth import kvscope_round; "
+        "print(json.dumps(kvscope_round(sys.argv[2], *map(int, sys.argv[3:]))))"
+    )
+    argv = [sys.executable, "-c", code, str(ROOT), url, str(users), str(output), str(prompts)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return "kvscope's round failed: " + done.stderr.strip()[-500:]
+    got: dict[str, float] | str = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
 # `vllm bench serve` itself: the `vllm` command asks for the package "vllm", which the CPU
 # build is not named, so its parser and main are called as the command calls them.
 VLLM_BENCH_SERVE = (
@@ -285,7 +304,7 @@ def main() -> int:
                 host = HostLoad().start()
                 server.stats()  # zero the server's own lateness for this round
                 if who == "kvscope":
-                    got = kvscope_round(server.url, args.users, args.output, prompts)
+                    got = kvscope_process_round(server.url, args.users, args.output, prompts)
                 else:
                     got = vllm_round(server.url, args.users, args.output, prompts)
                 note = host.note()

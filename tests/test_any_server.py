@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import one_line, run_kvscope
 
 from benchmarks.guidellm_mock import GUIDELLM, MockServer
-from benchmarks.load_truth import ServerProcess, kvscope_round, vllm_round
+from benchmarks.load_truth import ServerProcess, kvscope_process_round, vllm_round
 from engine.events import ChatMessage
 from engine.model_prep import embedded_model_dir
 from engine.remote.client_tokenizer import ClientTokenizer
@@ -109,9 +109,10 @@ def test_at_32_streams_kvscope_reads_the_mocks_timings_as_well_as_vllm_bench_ser
     mock: MockServer,
 ) -> None:
     # The mock's own lag under 32 streams on this host is the tolerance: measured by
-    # `vllm bench serve` in the same test, beside kvscope's load runner.
+    # `vllm bench serve` in the same test, beside kvscope's load runner, each client in a
+    # process of its own.
     users, output, prompts = 32, 32, 64
-    ours = kvscope_round(mock.url, users, output, prompts)
+    ours = kvscope_process_round(mock.url, users, output, prompts)
     theirs = vllm_round(mock.url, users, output, prompts)
     assert isinstance(ours, dict), ours
     assert isinstance(theirs, dict), theirs
