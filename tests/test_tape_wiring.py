@@ -264,7 +264,13 @@ def test_svg_at_a_step_is_saved_headless_with_no_vllm(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == f"saved {out_svg}: the replay at step 300 / 705, 120x36"
     svg = out_svg.read_text()
-    for words in ("step&#160;300&#160;/&#160;705", "paused", "r2.7", "streaming&#160;·&#160;235"):
+    for words in (
+        "step&#160;300&#160;/&#160;705",
+        "paused",
+        "r2.2",
+        "+4&#160;more&#160;requests",
+        "streaming&#160;·&#160;235",
+    ):
         assert words in svg, words
 
 

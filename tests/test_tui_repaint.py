@@ -18,7 +18,7 @@ from tui_helpers import block_sample, screen_lines
 
 from engine.events import RequestBlocks
 from tui.widgets.box_titles import retitle
-from tui.widgets.kv_block_map import KvBlockMap, cells_of
+from tui.widgets.kv_block_map import LEGEND_REQUESTS, KvBlockMap, cells_of
 
 if TYPE_CHECKING:
     from textual.widget import Widget
@@ -150,8 +150,10 @@ async def test_block_map_names_the_first_requests_and_counts_the_rest() -> None:
         block_map.show_sample(block_sample(blocks, 100_000))
         await pilot.pause()
         text = block_map.as_text().plain
-        assert "█ r7 4 blk" in text
-        assert "r8 " not in text
-        assert "+292 more requests, 1,168 blk" in text
+        last = LEGEND_REQUESTS - 1
+        assert f"█ r{last} 4 blk" in text
+        assert f"r{last + 1} " not in text
+        rest = 300 - LEGEND_REQUESTS
+        assert f"+{rest} more requests, {4 * rest:,} blk" in text
         assert "free 98800/100000" in text
         assert block_map.outer_size.height < 30  # the legend does not take the screen

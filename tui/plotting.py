@@ -59,9 +59,21 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Note:
+    """Words written at a data point, starting on its cell ("●8": the point and its users)."""
+
+    x: float
+    y: float
+    text: str
+    role: str = "series"
+
+
+@dataclass(frozen=True)
 class Figure:
     series: tuple[Series, ...]
     rules: tuple[Rule, ...] = ()
+    notes: tuple[Note, ...] = ()
+    """Drawn last, over the series and rules, so that no line crosses a label."""
     xlabel: str = ""
     ylim: tuple[float, float] | None = None
     xlim: tuple[float, float] | None = None
@@ -204,6 +216,8 @@ def _draw(fig: Figure, width: int, height: int, colours: Colours) -> str:
             plt.vline(rule.at, colour)
         else:
             plt.hline(rule.at, colour)
+    for note in fig.notes:
+        plt.text(note.text, note.x, note.y, color=colours.get(note.role, axes), alignment="left")
     if fig.yaxis is not None:
         plt.ylim(fig.yaxis.lo, fig.yaxis.hi)
         plt.yticks(list(fig.yaxis.ticks), list(fig.yaxis.labels))

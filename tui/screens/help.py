@@ -45,8 +45,9 @@ that many copies of each request at once, to fill the pool and provoke preemptio
 line under it says how many fit. A send that will prefill for long is estimated first.
 *Load* runs background traffic: that many users, each sending a synthetic prompt when its
 last one ends (ctrl+t doubles them, ctrl+o stops them); every 10 s of it is one point on
-the engine's *Load* plot, output tokens/s against median ITL, the roofline's curve behind
-and the knee marked where more users stopped paying.
+the engine's *Load* plot, labelled with its users (●8), output tokens/s against median ITL,
+the roofline's curve behind (or, past the measured range, the frame says it is off the
+chart) and the knee marked where more users stopped paying.
 
 **Engine** (right). Live, from the latest engine step, the same one for every part:
 running and waiting requests, prefill and decode tokens of the step (and a warning when the

@@ -93,7 +93,7 @@ class MainScreen(Screen[None]):
         Binding("f7", "toggle_synthetic", "Slider on/off"),
         Binding("ctrl+up", "prompt_length(2)", "Prompt ×2"),
         Binding("ctrl+down", "prompt_length(-2)", "Prompt ÷2"),
-        Binding("ctrl+t", "load_users(2)", "Load ×2", show=False),
+        Binding("ctrl+t", "load_users(2)", "Load ×2"),
         Binding("ctrl+o", "load_users(0)", "Load off", show=False),
         Binding("pageup", "scroll_panel(-1)", "Scroll up", show=False),
         Binding("pagedown", "scroll_panel(1)", "Scroll down", show=False),
@@ -175,11 +175,6 @@ class MainScreen(Screen[None]):
             self.post_message(EngineReady(card))
         else:
             self.start_engine()
-
-    def on_resize(self) -> None:
-        # Narrow: the Engine tab scrolls, and a shorter block map leaves room for a plot
-        # on the first screen of it.
-        self.engine_panel.block_map.max_rows = 4 if self.size.width < 120 else 8
 
     def on_unmount(self) -> None:
         if callable(self._remove_listener):

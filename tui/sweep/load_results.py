@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 
 from tui import format as fmt
 from tui.live_load import knee
-from tui.load_figure import POINT_MARK, ROOF_MARK, load_points_figure
+from tui.load_figure import load_key, load_points_figure
 from tui.sweep.load_view_model import batch_cell, number, point_notes, result_cell
 from tui.sweep.overlay import load_overlay_text
 from tui.widgets.box_titles import retitle
@@ -42,23 +42,6 @@ COLUMNS = (
 )
 
 
-def load_key(*, roofline: bool, overlay: LoadOverlay | None, off_chart: float | None = None) -> str:
-    """The plot's key, in its glyphs and the colours of their roles; `off_chart`: the
-    roofline's output tok/s at one user, when its whole curve is past the measured range
-    (the figure leaves it out rather than squash the points into a corner)."""
-    entries = [f"[$primary]{POINT_MARK}[/] measured"]
-    if off_chart is not None:
-        entries.append(
-            f"[$success]{ROOF_MARK}[/] roofline off the chart (≥ {off_chart:,.0f} tok/s)"
-        )
-    elif roofline:
-        entries.append(f"[$success]{ROOF_MARK}[/] roofline")
-    entries.append("[$error]│[/] knee")
-    if overlay is not None:
-        entries.append(overlay.key())
-    return "  ".join(entries)
-
-
 class LoadSweepResults(Vertical):
     """Plot, notes, legend and table of one load sweep (ids prefixed `load-sweep-`)."""
 
@@ -76,7 +59,7 @@ class LoadSweepResults(Vertical):
     def compose(self) -> ComposeResult:
         with Vertical(classes="box", id="load-sweep-box") as box:
             box.border_title = TITLE
-            box.border_subtitle = load_key(roofline=False, overlay=None)
+            box.border_subtitle = load_key(None, (), None)
             yield Plot("each load level lands here as it is measured", id="load-sweep-plot")
         yield Static("", id="load-sweep-notes")
         yield Static("", id="load-sweep-overlay")
@@ -131,15 +114,13 @@ class LoadSweepResults(Vertical):
         saved = overlay.series() if overlay is not None else []
         figure = load_points_figure(points, ceiling, width, height, saved)
         plot.set_figure(figure, version)
-        curve = figure is not None and any(s.marker == ROOF_MARK for s in figure.series)
-        off_chart = ceiling(1) if ceiling is not None and points and not curve else None
         k = knee(list(points))
         count = f" · {fmt.count(len(points), 'level')}" if points else ""
         where = f" · knee at {k.label}" if k is not None else ""
         retitle(
             self.query_one("#load-sweep-box"),
             f"{TITLE}{count}{where}",
-            load_key(roofline=ceiling is not None, overlay=overlay, off_chart=off_chart),
+            load_key(figure, points, ceiling, extra=overlay.key() if overlay is not None else ""),
         )
         job = plot.job()
         if job is None:

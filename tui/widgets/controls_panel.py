@@ -95,8 +95,7 @@ class ControlsPanel(VerticalScroll):
                 )
             yield Static("", id="fit-line")
             yield Static(
-                "copies of each request sent at once, each its own request: they share the "
-                "KV pool, fill it, and provoke preemption",
+                "copies share the KV pool, fill it and provoke preemption",
                 classes="hint",
             )
         with Vertical(id="load-box", classes="box") as box:
@@ -111,10 +110,13 @@ class ControlsPanel(VerticalScroll):
                     id="load-users",
                 )
             yield Static("off", id="load-line")
+            # Shown while the load is off: once it runs, the line above says what it does,
+            # and the box keeps to the rows it has at 160x48 (controls_panel.tcss).
             yield Static(
-                "background traffic: each user sends a synthetic prompt (the slider's "
-                "length) when its last one ends; every 10 s is one point on the Load plot",
+                "each user sends the slider's prompt when its last reply ends; every 10 s "
+                "is a point on the Load plot",
                 classes="hint",
+                id="load-hint",
             )
         yield Button("Send synthetic prompt", id="send-synthetic", variant="primary", compact=True)
 
@@ -123,6 +125,7 @@ class ControlsPanel(VerticalScroll):
         self.query_one("#send-estimate", Static).display = False
         self.slider.max_tokens = self.max_tokens
         self.watch(self.slider, "value", self._sync_synthetic, init=False)
+        self.watch(self.query_one("#load-users", CountStepper), "value", self._load_users_set)
         self._sync_synthetic()
 
     # -- what the screen reads -------------------------------------------------------------
@@ -194,6 +197,9 @@ class ControlsPanel(VerticalScroll):
     def _concurrency_changed(self, event: CountStepper.Changed) -> None:
         self.slider.concurrency = event.value
         self._sync_synthetic()
+
+    def _load_users_set(self, users: int) -> None:
+        self.query_one("#load-box").set_class(users > 0, "-running")
 
     @on(Switch.Changed, "#synthetic-switch")
     def _switch_flipped(self, event: Switch.Changed) -> None:

@@ -15,7 +15,7 @@ from engine.events import EngineState, ModelCard, StepSample, StepStarted
 from tui import figures
 from tui import format as fmt
 from tui.live_load import LiveLoad, knee
-from tui.load_figure import POINT_MARK, ROOF_MARK, load_figure
+from tui.load_figure import load_figure, load_key
 from tui.telemetry.buffers import KV_WINDOW_S
 from tui.telemetry.preemption import preemption_words
 from tui.telemetry.request_status import elapsed_words
@@ -36,6 +36,14 @@ if TYPE_CHECKING:
     from tui.telemetry.host_watch import HostWarning
 
 HOST_CHECK_S = 1.0  # the load average moves slowly: reading it once a second is plenty
+PLOT_ROWS = 7
+"""A plot box's least height with data (engine_panel.tcss): a frame, three rows, an axis."""
+EMPTY_PLOT_ROWS = 3
+"""A plot box's least height while it shows only its placeholder line."""
+BLOCK_ROWS = 4
+"""The block map's rows at every size: at 80x24 a plot still fits on the Engine tab's
+first screen, and at 160x48 four plots share what the map leaves (a bigger pool draws
+more blocks to a character instead)."""
 
 
 def step_line(sample: StepSample | None, preemptions_total: int, *, remote: bool = False) -> str:
@@ -180,6 +188,7 @@ class EnginePanel(Vertical):
                 yield Plot("each load point lands here", id="load-plot")
 
     def on_mount(self) -> None:
+        self.block_map.max_rows = BLOCK_ROWS
         self.query_one("#preempt-note").display = False
         self._sync_state()
         self.watch_remote(self.remote)
@@ -271,6 +280,39 @@ class EnginePanel(Vertical):
         if ago > KV_WINDOW_S:
             words += f" ({fmt.duration(ago)} ago, off the plot)"
         return words
+
+    def _share_rows(self) -> None:
+        """Say which plot boxes show only their placeholder (`-empty`: they give their
+        rows to the others), and whether every plot's least height fits the grid's rows
+        under the block map (`-tight` when not: see engine_panel.tcss). Each tick: a class
+        that does not change costs nothing."""
+        grid = self.query_one("#engine-grid")
+        boxes = [box for box in grid.children if box.display]
+        need = 0
+        flipped = False
+        for box in boxes:
+            if not box.has_class("plot-box"):
+                continue
+            plot = box.query_one(Plot)
+            empty = not plot.has_figure and plot.display  # hidden: the timeline (F6) shows
+            flipped |= box.has_class("-empty") != empty
+            box.set_class(empty, "-empty")
+            need += EMPTY_PLOT_ROWS if empty else PLOT_ROWS
+        fixed = sum(box.outer_size.height for box in boxes if not box.has_class("plot-box"))
+        if grid.size.height:
+            tight = grid.size.height - fixed < need
+            flipped |= self.has_class("-tight") != tight
+            self.set_class(tight, "-tight")
+        if flipped:
+            self.call_after_refresh(self._clamp_scroll)
+
+    def _clamp_scroll(self) -> None:
+        """Bring the grid's scroll target back inside it once boxes have shrunk: Textual
+        clamps the scroll offset but keeps the target, so the next "up" would aim at a row
+        past the end and not move (seen after F6 gave a placeholder back its one row)."""
+        grid = self.query_one("#engine-grid")
+        if grid.scroll_target_y > grid.max_scroll_y:
+            grid.scroll_to(y=grid.max_scroll_y, animate=False, immediate=True)
 
     def _host_warning(self) -> HostWarning | None:
         now = time.monotonic()
@@ -415,20 +457,21 @@ class EnginePanel(Vertical):
             plots.append(load_plot)
             if changed("load", (load.version, load_plot.content_size)):
                 width, height = load_plot.content_size
-                load_plot.set_figure(load_figure(load, width, height), load.version)
+                figure = load_figure(load, width, height)
+                load_plot.set_figure(figure, load.version)
                 k = knee(list(load.points))
                 retitle(
                     load_box,
-                    f"Load: output tok/s vs median ITL · {fmt.count(len(load.points), 'point')}"
-                    + (f" · knee at {k.max_concurrency} users" if k is not None else ""),
-                    _key(
-                        ("$primary", POINT_MARK, "measured"),
-                        ("$success", ROOF_MARK, "roofline"),
-                        ("$error", "│", "knee"),
-                    )
-                    if load.ceiling is not None
-                    else _key(("$primary", POINT_MARK, "measured"), ("$error", "│", "knee")),
+                    # The points are labelled on the plot: the title has room for the knee.
+                    "Load: out tok/s vs median ITL · "
+                    + (
+                        f"knee at {fmt.count(k.max_concurrency or 0, 'user')}"
+                        if k is not None
+                        else fmt.count(len(load.points), "point")
+                    ),
+                    load_key(figure, load.points, load.ceiling, off_chart=False),
                 )
+        self._share_rows()
         jobs = [(plot, job) for plot in plots if (job := plot.job())]
         if not jobs:
             return

@@ -20,6 +20,8 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
+from tui import format as fmt
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from engine.events import BlockCacheState, KvCacheGroup, RequestBlocks, StepSample
 
 REQUEST_COLOURS = 8
-LEGEND_REQUESTS = 8
+LEGEND_REQUESTS = 3
 """Requests named in the legend; the rest are counted on one line (at GPU scale there
 are hundreds, and colours repeat after eight anyway)."""
 FREE = "·"
@@ -383,7 +385,7 @@ class KvBlockMap(Widget):
         if len(self.requests) > len(shown):
             rest = self.requests[len(shown) :]
             blocks = sum(len(req.block_ids) for req in rest)
-            more = f"+{len(rest):,} more requests, {blocks:,} blk"
+            more = f"+{fmt.count(len(rest), 'more request')}, {blocks:,} blk"
             entries.append((more, "kv-block-map--legend"))
         cache = self.block_cache
         if cache is not None and cache.reused:

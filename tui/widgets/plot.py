@@ -71,6 +71,11 @@ class Plot(Widget):
     def has_drawing(self) -> bool:
         return self._text is not None
 
+    @property
+    def has_figure(self) -> bool:
+        """There is data to draw (the placeholder is not what the plot shows)."""
+        return self._figure is not None
+
     def set_figure(self, figure: Figure | None, version: object) -> None:
         """Give the data to draw; `version` changes whenever the data does."""
         self._figure = figure

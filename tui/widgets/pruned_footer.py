@@ -1,8 +1,14 @@
-"""A Footer that does not keep every key it ever showed."""
+"""A Footer that does not keep every key it ever showed, and shows the app's keys first."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
 
 
 class PrunedFooter(Footer):
@@ -12,7 +18,26 @@ class PrunedFooter(Footer):
     FooterKeys bound to `Footer.compact`. Textual drops a closed key's watcher only when
     `compact` changes, which here it never does, so every key ever shown stayed alive:
     about 24 widgets a reply, a third of a MiB (measured over a 30-reply session).
+
+    Textual lists the focused widget's keys first and the app's last, and a narrow
+    terminal cuts the row at its right edge: at 80x24 F1 (help, which lists every key) and
+    F5 were the ones lost. The keys of `LEADING_ACTIONS` go first, so they always show.
     """
+
+    LEADING_ACTIONS: ClassVar[tuple[str, ...]] = ("help", "sweep")
+    """Actions whose keys lead the row, in this order."""
+
+    def compose(self) -> ComposeResult:
+        # No binding here has a group: Footer.compose yields every key, none is added to
+        # a KeyGroup, so reordering what it yields reorders the row.
+        parts = list(super().compose())
+
+        def rank(part: object) -> int:
+            if isinstance(part, FooterKey) and part.action in self.LEADING_ACTIONS:
+                return self.LEADING_ACTIONS.index(part.action)
+            return len(self.LEADING_ACTIONS)
+
+        yield from sorted(parts, key=rank)
 
     async def recompose(self) -> None:
         await super().recompose()
