@@ -191,6 +191,7 @@ class RemoteEngine:
         self._book: RequestBook[_Live] = RequestBook()
         self._sessions: dict[str, str] = {}  # request ID -> session ID
         self._lock = threading.Lock()
+        self._said_not_unicode = False  # lone surrogates in a reply: said once (_run)
         # One relay per consumer loop; a loop that is gone takes its relay with it.
         self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Relay] = (
             weakref.WeakKeyDictionary()
@@ -574,6 +575,19 @@ class RemoteEngine:
         except Exception as exc:  # never leave the consumer waiting
             log.exception("kvscope: remote request failed")
             live.put_threadsafe(RequestRejected(rid, f"unexpected client error: {exc}"))
+        finally:
+            if reply.replaced and not self._said_not_unicode:
+                self._said_not_unicode = True  # only the IO loop runs _run: no lock
+                s = "" if reply.replaced == 1 else "s"
+                log.warning(
+                    "kvscope: the server at %s sent text that is not Unicode: %d lone "
+                    "surrogate%s (half a UTF-16 pair, escaped in its JSON) in the reply to %s, "
+                    "kept as U+FFFD; later ones are replaced without a word.",
+                    self.url,
+                    reply.replaced,
+                    s,
+                    rid,
+                )
 
     async def _refusal(self, live: _Live, response: httpx.Response) -> KvscopeError:
         """The typed error for a non-200 answer to a request."""

@@ -20,6 +20,7 @@ from engine.events import (
     RequestFinished,
     ServerTimings,
 )
+from engine.visible_text import well_formed
 
 if TYPE_CHECKING:
     from engine.request_book import RequestTimes
@@ -94,6 +95,8 @@ class ReplyAssembler:
         self.usage: dict[str, Any] | None = None
         self.metrics: Any = None
         self.done = False
+        # Lone surrogates in the server's text, each kept as U+FFFD (well_formed()).
+        self.replaced = 0
 
     @property
     def tokens(self) -> int:
@@ -136,7 +139,12 @@ class ReplyAssembler:
         if not choice:
             return out
         delta = choice.get("delta")
-        text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
+        text = str((delta.get("content") if isinstance(delta, dict) else choice.get("text")) or "")
+        if not text.isascii():
+            # JSON may escape half a UTF-16 pair: no character, and no UTF-8 for a tape,
+            # a pipe or a terminal. The text is kept, that code point as U+FFFD.
+            text, bad = well_formed(text)
+            self.replaced += bad
         ids = choice.get("token_ids")
         token_ids = tuple(map(int, ids)) if isinstance(ids, list) else ()
         count = len(token_ids) if ids is not None else (1 if text else 0)
@@ -147,9 +155,7 @@ class ReplyAssembler:
                 out.append(RequestAccepted(self.request_id, 0, self.submitted_at))
             self.chunks += 1
             # A remote engine has no steps: the chunk number stands in for one.
-            out.append(
-                self.times.token(token_ids, str(text), step=self.chunks, at=arrived, count=count)
-            )
+            out.append(self.times.token(token_ids, text, step=self.chunks, at=arrived, count=count))
         reason = choice.get("finish_reason")
         if reason is not None:
             self.reason = reason

@@ -28,6 +28,7 @@ from engine.sizes import GIB
 from engine.tape.errors import TapeUnwritable
 from engine.tape.format import Encoder, Kind, dumps, header
 from engine.tape.paths import default_tape_path
+from engine.visible_text import well_formed
 
 log = logging.getLogger("kvscope")
 
@@ -39,6 +40,20 @@ _BATCH = 1024
 
 NoticeCallback = Callable[[str], None]
 _STOP = object()
+
+
+def _well_formed_record(value: Any) -> tuple[Any, int]:
+    """An encoded record with every string well_formed(), and how many code points changed:
+    the lists, tuples and dicts an Encoder makes, walked."""
+    if isinstance(value, str):
+        return well_formed(value)
+    if isinstance(value, list | tuple):
+        items = [_well_formed_record(v) for v in value]
+        return [v for v, _ in items], sum(n for _, n in items)
+    if isinstance(value, dict):
+        pairs = [(_well_formed_record(k), _well_formed_record(v)) for k, v in value.items()]
+        return {k: v for (k, _), (v, _) in pairs}, sum(a + b for (_, a), (_, b) in pairs)
+    return value, 0
 
 
 def _cap_size(n: int) -> str:
@@ -84,6 +99,7 @@ class TapeRecorder:
         self._stopped = False  # no more records are taken (closed, cap or error)
         self._closed = False
         self._encoder = Encoder()
+        self._said_not_unicode = False  # a record's lone surrogates: said once (_line)
         try:
             private_dir(self.path.parent)
             # Every prompt and reply is on it: 0600, whatever the umask. Unbuffered: each
@@ -201,7 +217,7 @@ class TapeRecorder:
                 if self.notice is not None:
                     continue  # stopped early: drain the queue, write nothing more
                 try:
-                    lines.append(dumps(self._encoder.encode(kind, value, at)))
+                    lines.append(self._line(self._encoder.encode(kind, value, at)))
                 except Exception:
                     # A value the format cannot hold must not end the recording.
                     log.exception("kvscope: a tape record could not be encoded")
@@ -209,6 +225,27 @@ class TapeRecorder:
                 self._flush(lines)
         with contextlib.suppress(OSError):
             self._file.close()
+
+    def _line(self, record: Any) -> bytes:
+        """One record as a line of UTF-8. A lone surrogate (half a UTF-16 pair: a server's
+        JSON escape, a pasted byte) has no UTF-8: it is written as U+FFFD, so the record
+        is kept, and that is said once, not once a record."""
+        try:
+            return dumps(record)
+        except UnicodeEncodeError:
+            fixed, count = _well_formed_record(record)
+            line = dumps(fixed)
+        if not self._said_not_unicode:
+            self._said_not_unicode = True
+            s = "" if count == 1 else "s"
+            log.warning(
+                "kvscope: the tape %s: %d lone surrogate%s (half a UTF-16 pair, no character) "
+                "in a record written as U+FFFD; later ones are replaced without a word.",
+                self.path,
+                count,
+                s,
+            )
+        return line
 
     def _flush(self, lines: list[bytes]) -> None:
         data = b"\n".join(lines) + b"\n"
