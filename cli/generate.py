@@ -19,21 +19,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.load_loops import failure_cause
 from bench.records import request_record
-from engine.errors import BadOption, PromptTooLong
+from engine.clock import RealClock
+from engine.errors import BadOption, ConnectionLost, KvscopeError, PromptTooLong
 from engine.events import (
     ChatMessage,
     GenerationRequest,
     ReplicaServed,
+    RequestAccepted,
     RequestFinished,
     SamplingSettings,
     StepSample,
     TokenEvent,
 )
+from engine.remote.timeouts import ServerStalled
 from engine.stats import percentile
 from engine.visible_text import visible
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from engine.protocol import Engine
 
 DEFAULT_PROMPT = "Say hello in one sentence."
@@ -58,7 +64,13 @@ def add_generate_parser(sub: Any) -> argparse.ArgumentParser:
             '  kvscope generate --prompt "Why is the sky blue?"\n'
             "  kvscope generate --prompt-file question.txt\n"
             "  cat question.txt | kvscope generate --prompt-file -\n"
-            "  kvscope generate --prompt-tokens 2048 --max-model-len 4096 --json"
+            "  kvscope generate --prompt-tokens 2048 --max-model-len 4096 --json\n"
+            "\n"
+            "exit status: 0 when the reply finished; 1 when it did not or the request\n"
+            "failed (one line on stderr says why). A reply that stopped part way (a\n"
+            "--timeout ran out, the connection was cut) is still printed: with --json,\n"
+            "the object holds what came, finish_reason null, failure (timeout, cut) and\n"
+            "error (the line's words). 2 for a bad flag."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -200,10 +212,56 @@ def build_request(engine: Engine, inputs: GenerateInputs) -> GenerationRequest:
     )
 
 
+class ReplyUnfinished(Exception):
+    """A reply that stopped part way (a --timeout ran out, the connection was cut):
+    `result` is what came, as --json prints it, and `error` why, as the command ends."""
+
+    def __init__(self, result: dict[str, Any], error: KvscopeError) -> None:
+        super().__init__(result, error)
+        self.result = result
+        self.error = error
+
+
+def unfinished_record(
+    request_id: str,
+    prompt_tokens: int | None,
+    tokens: Sequence[TokenEvent],
+    error: ServerStalled | ConnectionLost,
+    failed_after_s: float,
+) -> dict[str, Any]:
+    """A reply as far as it got, with request_record's keys (and the bench JSON's for a
+    failed request: `failure`, `error`, `failed_after_s`): no finish, no end-to-end time.
+
+    A token event's latency is since the one before (the first's since the request); the
+    tokens of one event arrived together, so their ITLs after its first are 0."""
+    gaps: list[float] = []
+    for i, event in enumerate(tokens):
+        after = tokens[i + 1].index if i + 1 < len(tokens) else error.tokens_received
+        gaps += [event.latency_s] + [0.0] * max(after - event.index - 1, 0)
+    return {
+        "request_id": request_id,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": error.tokens_received,
+        "finish_reason": None,
+        "failure": failure_cause(error),
+        "error": error.plain(),
+        "ttft_s": gaps[0] if gaps else None,
+        "itl_s": gaps[1:],
+        "e2e_s": None,  # it never ended: failed_after_s says when it stopped
+        "failed_after_s": failed_after_s,
+        "preemptions": 0,
+        "cached_prompt_tokens": None,
+    }
+
+
 async def generate_once(
     engine: Engine, request: GenerationRequest, *, echo: bool = False
 ) -> dict[str, Any]:
-    """Run `request` and collect everything `--json` prints."""
+    """Run `request` and collect everything `--json` prints.
+
+    Raises:
+        ReplyUnfinished: the reply stopped part way; it holds what came.
+    """
     samples: list[StepSample] = []
 
     def on_step(sample: StepSample) -> None:
@@ -214,24 +272,46 @@ async def generate_once(
 
     remove = engine.add_step_listener(on_step)
     text: list[str] = []
+    tokens: list[TokenEvent] = []
+    prompt_tokens: int | None = None
     finished: RequestFinished | None = None
+    clock = engine.features.clock or RealClock()  # the clock the engine stamps times on
+    began = clock.now()
     try:
         async for event in engine.stream(request):
             if isinstance(event, TokenEvent):
                 text.append(event.text)
+                tokens.append(event)
                 if echo:
                     # The server's text, shown: its escape codes must not drive the terminal.
                     sys.stdout.write(visible(event.text))
                     sys.stdout.flush()
+            elif isinstance(event, RequestAccepted):
+                prompt_tokens = event.prompt_tokens or None  # 0: the server did not say
             elif isinstance(event, RequestFinished):
                 finished = event
+    except (ServerStalled, ConnectionLost) as exc:
+        # Their words say "the reply so far is kept": so it is, in what --json prints.
+        if tokens:  # the engine's own submission time, not this side's
+            began = tokens[0].time_s - tokens[0].latency_s
+        record = unfinished_record(
+            request.request_id, prompt_tokens, tokens, exc, clock.now() - began
+        )
+        raise ReplyUnfinished(_with_context(engine, record, samples, text), exc) from None
     finally:
         remove()
     assert finished is not None
+    return _with_context(engine, request_record(finished), samples, text)
+
+
+def _with_context(
+    engine: Engine, record: dict[str, Any], samples: list[StepSample], text: list[str]
+) -> dict[str, Any]:
+    """The request's record with the model, the steps seen and the reply's text."""
     card = engine.card
     remote = engine.features.remote is not None
     return {
-        **request_record(finished),
+        **record,
         "model": dataclasses.asdict(card) if card else None,
         # Attached to a server there are no steps: these are its /metrics scrapes.
         "steps_are": "scrapes" if remote else "engine steps",
@@ -273,7 +353,12 @@ def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:
         card = engine.card
         check_against_limit(inputs, card.max_model_len if card else None)
         request = build_request(engine, inputs)
-        result = asyncio.run(generate_once(engine, request, echo=not args.json))
+        try:
+            result = asyncio.run(generate_once(engine, request, echo=not args.json))
+        except ReplyUnfinished as cut:
+            if args.json:  # what came, and why it stopped; the error line follows
+                print_result(cut.result, True)
+            raise cut.error from None
         # Printed before the engine stops: shutting down can take a moment.
         print_result(result, args.json)
         remote = engine.features.remote
