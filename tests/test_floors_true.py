@@ -137,11 +137,12 @@ async def test_measured_ttft_and_itl_never_beat_their_floors(vllm_engine: Engine
 
 def test_a_send_estimate_says_what_it_rests_on() -> None:
     card = FakeEngine().start()
-    measured = estimate(card, 1024, 2, measured_rate=64.0, floor=lambda n: n / 5000)
+    steps = [(512, 8.0), (1024, 16.0)]  # 64 tokens/s and no fixed cost
+    measured = estimate(card, 1024, 2, measured=steps, floor=lambda n: n / 5000)
     assert measured is not None and measured.source == "measured"
     assert "≈ 32 s" in measured.words()
-    assert "at the 64 tokens/s prefill measured this session" in measured.words()
-    floor = estimate(card, 1024, 2, measured_rate=None, floor=lambda n: n / 5000)
+    assert "64 tokens/s, fitted to 2 prefill steps this session" in measured.words()
+    floor = estimate(card, 1024, 2, measured=(), floor=lambda n: n / 5000)
     assert floor is not None and floor.source == "roofline"
     assert "≥" in floor.words()
     assert "the roofline floor, 5,000 tokens/s: no prefill measured yet" in floor.words()

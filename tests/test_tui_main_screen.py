@@ -183,7 +183,8 @@ async def test_long_sends_are_estimated_and_the_copies_cap_comes_from_the_pool()
         assert controls.concurrency == 19
         # The emulated model's context limit is not emulated, and M says so.
         assert "max_model_len (this model's)" in str(controls.slider.render())
-        # One measured prefill step: 4,096 tokens in 4.1 s (1,000 tokens/s).
+        # Two measured prefill steps, 2,048 and 4,096 tokens at 1,000 tokens/s.
+        app.telemetry.add_sample(step_sample(prefill=2048, duration=2.048, total=628, free=600))
         app.telemetry.add_sample(step_sample(prefill=4096, duration=4.096, total=628, free=600))
         controls.slider.value = 4096
         controls.synthetic = True

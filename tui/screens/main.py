@@ -264,7 +264,7 @@ class MainScreen(Screen[None]):
             card,
             tokens,
             self.controls.concurrency,
-            measured_rate=self.telemetry.prefill_rate(),
+            measured=self.telemetry.prefill_steps(),
             floor=self._floor,
         )
 

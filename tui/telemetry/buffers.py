@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from engine.stats import percentile
 from tui.telemetry.host_watch import HostWatch
 from tui.telemetry.preemption import Preemption, cost_of, observe
+from tui.telemetry.prefill_fit import PrefillSteps
 from tui.telemetry.request_status import RequestStatus, RequestTrack, RequestTracker
 from tui.telemetry.timeline import Timeline
 from tui.telemetry.token_explainer import TokenMark, explain_token
@@ -92,8 +93,8 @@ class Telemetry:
         self.steps_version = 0
         self.itl_version = 0
         self.points_version = 0
-        # Recent prefill steps (tokens, seconds): the measured prefill rate for estimates.
-        self._prefill: deque[tuple[int, float]] = deque(maxlen=32)
+        # Recent prefill steps (tokens, seconds), by length: the send estimate's fit.
+        self._prefill = PrefillSteps()
         self.timeline = Timeline(steps=steps)
         # The tracked reply's tokens, by output index, and how it ended.
         self.tokens: list[TokenMark] = []
@@ -128,7 +129,7 @@ class Telemetry:
         self.requests.sample(sample)
         self.host.add_sample(sample)
         if sample.prefill_tokens > 0 and sample.duration_s > 0:
-            self._prefill.append((sample.prefill_tokens, sample.duration_s))
+            self._prefill.add(sample.prefill_tokens, sample.duration_s)
         self.preemptions_total += sample.preemptions
         self.timeline.sample(sample)
         self._settle_cost()
@@ -215,13 +216,9 @@ class Telemetry:
     def status(self, request_id: str, *, accepted: bool, done: bool = False) -> RequestStatus:
         return self.requests.status(request_id, accepted=accepted, done=done)
 
-    def prefill_rate(self) -> float | None:
-        """Prompt tokens per second over the recent prefill steps, None before any."""
-        tokens = sum(n for n, _ in self._prefill)
-        seconds = sum(s for _, s in self._prefill)
-        if tokens < 64 or seconds <= 0:
-            return None
-        return tokens / seconds
+    def prefill_steps(self) -> tuple[tuple[int, float], ...]:
+        """The recent prefill steps as (prefill tokens, seconds), a few of each length."""
+        return self._prefill.pairs()
 
     def kv_series(
         self, window_s: float = KV_WINDOW_S

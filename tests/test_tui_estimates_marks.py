@@ -1,0 +1,141 @@
+"""Issue 31, items 9, 10 and 12: the prefill estimate, host-busy points, the timeline's words.
+
+9. One short prompt's prefill is mostly fixed cost: read as a rate, it made "512 prompt
+   tokens ≈ 12 s" of a send that took 2.4 s. The estimate fits a fixed cost plus a
+   per-token rate, is rough until two lengths are measured, and is never shown beside
+   "the engine will refuse this prompt".
+10. Points measured while the host was busy are drawn apart on "Latency vs prompt tokens",
+   and the key says why.
+12. The `w` line names its request, the timeline scrolls to that request's row, and long
+   IDs are cut to their distinct end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from textual.widgets import Static
+from tui_helpers import (
+    WIDE,
+    engine_ready,
+    make_app,
+    step_sample,
+)
+
+from tui import format as fmt
+from tui.telemetry.buffers import Telemetry
+
+if TYPE_CHECKING:
+    from tui.app import KvscopeApp
+
+
+# -- 9. the prefill estimate -------------------------------------------------------------------
+def _estimate_words(app: KvscopeApp) -> str:
+    return str(app.main_screen.controls.query_one("#send-estimate", Static).render())
+
+
+async def _synthetic(app: KvscopeApp, tokens: int) -> None:
+    controls = app.main_screen.controls
+    controls.slider.value = tokens
+    controls.synthetic = True
+
+
+async def test_one_short_prefill_is_not_read_as_a_rate() -> None:
+    # The live case: one ~100-token chat prefilled in 2.4 s, nearly all of it fixed cost.
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        app.telemetry.add_sample(step_sample(prefill=100, duration=2.4))
+        await _synthetic(app, 512)
+        await pilot.pause()
+        guess = main.send_estimate()
+        as_rate = fmt.duration(512 * 2.4 / 100)  # "12 s": what it used to say
+        if guess is not None:
+            words = guess.words()
+            # Never "≈" the rate's figure: one length cannot tell fixed cost from rate.
+            assert f"≈ {as_rate}" not in words, words
+            assert "rough" in words, words
+            # Between all fixed cost (2.4 s) and all rate (12 s), and it says both.
+            assert fmt.duration(2.4) in words and as_rate in words, words
+
+
+async def test_two_lengths_give_a_fixed_cost_and_a_rate() -> None:
+    # seconds = 2.3 + 0.0005 x tokens, measured at 100 and 1,000 tokens.
+    fixed, per_token = 2.3, 0.0005
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        for step, n in enumerate((100, 1000, 100, 1000), start=1):
+            sample = step_sample(step, prefill=n, duration=fixed + per_token * n)
+            app.telemetry.add_sample(sample)
+        await _synthetic(app, 1024)
+        main.controls.concurrency = 4  # 4,096 tokens: 4.35 s, not 19 s at the mean rate
+        await pilot.pause()
+        guess = main.send_estimate()
+        assert guess is not None
+        expected = fixed + per_token * 4096
+        assert guess.seconds == pytest.approx(expected, rel=1e-6)
+        words = guess.words()
+        assert f"4,096 prompt tokens ≈ {fmt.duration(expected)}" in words, words
+        assert "a fixed 2.3 s" in words, words
+        assert f"{1 / per_token:,.0f} tokens/s" in words, words
+
+
+async def test_no_estimate_beside_the_engines_refusal() -> None:
+    # A measured fit that makes 2,048 tokens a long send (2 + 0.01 x 2,048 = 22 s).
+    app = make_app()  # max_model_len 2,048: a prompt of 2,048 is refused
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        for step, n in enumerate((100, 1000), start=1):
+            app.telemetry.add_sample(step_sample(step, prefill=n, duration=2.0 + 0.01 * n))
+        await _synthetic(app, 2047)
+        await pilot.pause()
+        main._update_estimate()
+        await pilot.pause()
+        assert "2,047 prompt tokens ≈" in _estimate_words(app)  # fits: estimated
+        await _synthetic(app, 2048)
+        await pilot.pause()
+        main._update_estimate()
+        await pilot.pause()
+        assert "engine will refuse this prompt" in str(main.controls.slider.render())
+        assert main.send_estimate() is None
+        assert not main.controls.query_one("#send-estimate", Static).display
+
+
+def test_the_fit_is_least_squares_and_never_a_negative_fixed_cost() -> None:
+    from tui.telemetry.prefill_fit import fit_prefill
+
+    # Three exact points of 0.5 s + 1 ms a token, and noise-free: recovered exactly.
+    fit = fit_prefill([(n, 0.5 + 0.001 * n) for n in (64, 256, 1024)])
+    assert fit is not None
+    assert fit.fixed_s == pytest.approx(0.5)
+    assert fit.per_token_s == pytest.approx(0.001)
+    # Least squares over noisy points: the line that minimises the squared error.
+    pairs = [(100, 1.0), (200, 1.3), (300, 1.5)]
+    fit = fit_prefill(pairs)
+    assert fit is not None
+    assert fit.per_token_s == pytest.approx(0.0025)
+    assert fit.fixed_s == pytest.approx(1.2667 - 0.0025 * 200, abs=1e-4)
+    # A line through negative time at 0 tokens: the fixed cost is 0, the rate refitted.
+    fit = fit_prefill([(100, 0.05), (1000, 1.0)])
+    assert fit is not None
+    assert fit.fixed_s == 0.0
+    assert fit.per_token_s == pytest.approx((100 * 0.05 + 1000 * 1.0) / (100**2 + 1000**2))
+    # One length, or longer prompts no slower: no rate can be told.
+    assert fit_prefill([(100, 2.4), (100, 2.5)]) is None
+    assert fit_prefill([(100, 2.4), (1000, 2.3)]) is None
+
+
+def test_distinct_lengths_outlive_many_steps_of_one_length() -> None:
+    # Under load every step prefills the same 512 tokens: the earlier 100-token chat must
+    # not be pushed out of what the fit reads, or the estimate turns rough again.
+    tel = Telemetry()
+    tel.add_sample(step_sample(1, prefill=100, duration=0.2))
+    for step in range(2, 200):
+        tel.add_sample(step_sample(step, prefill=512, duration=0.6))
+    lengths = {n for n, _ in tel.prefill_steps()}
+    assert lengths == {100, 512}
