@@ -37,6 +37,9 @@ class MaxFound:
     mode: LoadMode
     best: float | None  # None: even the lowest probe failed
     probes: tuple[Probe, ...]
+    bound: str = ""
+    """Why the search went no higher than it did, when something other than the limit
+    of kvscope's runner held it ("--num-prompts 4 keeps at most 4 requests in flight")."""
 
     @property
     def next_failure(self) -> Probe | None:
@@ -56,7 +59,8 @@ class MaxFound:
             )
         head = f"The most this engine takes within the objectives: {_fmt(self.best)} {unit}"
         if fail is None:
-            return head + " (the search's upper bound; nothing above was tried)."
+            why = f": {self.bound}" if self.bound else ""
+            return head + f" (the search's upper bound{why}; nothing above was tried)."
         return head + f"; {_fmt(fail.level)} {unit} failed: {fail.reason}."
 
     def to_dict(self) -> dict[str, object]:
@@ -123,13 +127,19 @@ async def find_max(
 ) -> MaxFound:
     whole = mode == "concurrency"
     upper = float(MAX_CONCURRENCY) if whole else MAX_RATE
+    bound = ""
+    prompts = runner.config.num_prompts
+    if whole and prompts is not None and prompts < upper:
+        # N users with fewer than N requests never have N in flight: not a level to claim.
+        upper = float(prompts)
+        bound = f"--num-prompts {prompts:,} keeps at most {prompts:,} requests in flight"
     probes: list[Probe] = []
     passed: float | None = None
     failed: float | None = None
     level = max(1.0, round(start)) if whole else start
     while len(probes) < max_probes:
         point = await runner.measure(_level(mode, level))
-        reason = slo_failure(point, slo_ms)
+        reason = slo_failure(point, slo_ms) or _not_reached(point, level, whole)
         probe = Probe(level, reason is None, reason or _met(point, slo_ms), point)
         probes.append(probe)
         if on_probe:
@@ -142,7 +152,16 @@ async def find_max(
         if nxt is None or any(p.level == nxt for p in probes):
             break
         level = nxt
-    return MaxFound(mode, passed, tuple(probes))
+    return MaxFound(mode, passed, tuple(probes), bound)
+
+
+def _not_reached(point: LoadPoint, level: float, whole: bool) -> str | None:
+    """Why a users level that met the objectives cannot be claimed: its requests never
+    were that many in flight at once (None when they were, or for a rate)."""
+    peak = point.max_concurrent_requests
+    if not whole or peak >= level:
+        return None
+    return f"only {peak:,} of its {_fmt(level)} users' requests were ever in flight at once"
 
 
 def _next(passed: float | None, failed: float | None, whole: bool, upper: float) -> float | None:

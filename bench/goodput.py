@@ -37,12 +37,25 @@ def parse_goodput(pairs: Sequence[str]) -> dict[str, float]:
             ms = float(value)
         except ValueError:
             raise BadOption("--goodput", f"{value!r} in {pair!r} is not a number of ms") from None
-        if math.isnan(ms) or ms < 0:
+        if math.isnan(ms):
+            raise BadOption("--goodput", f"{pair!r}: {value.strip()!r} is not a number of ms")
+        if ms < 0:
             raise BadOption("--goodput", f"{pair!r}: an objective cannot be negative")
+        if name in out:
+            # Two limits on one figure: keeping either would drop the other in silence.
+            raise BadOption(
+                "--goodput",
+                f"{name} is given twice ({_ms_text(out[name])} and {_ms_text(ms)} ms): "
+                "give each objective once",
+            )
         out[name] = ms
     if not out:
         raise BadOption("--goodput", "give at least one KEY:MS, e.g. ttft:2000")
     return out
+
+
+def _ms_text(ms: float) -> str:
+    return f"{ms:g}" if ms < 1e6 else f"{ms:,.0f}"
 
 
 @dataclass(frozen=True, slots=True)

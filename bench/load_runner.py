@@ -114,14 +114,19 @@ def validate(config: LoadConfig) -> None:
         raise BadOption(
             "--duration", "a rate of inf sends everything at once: give --num-prompts instead"
         )
-    if config.duration_s is not None and not (0 < config.duration_s <= MAX_DURATION_S):
-        raise BadOption(
-            "--duration", f"{config.duration_s:g} s is not between 0 and {MAX_DURATION_S:,.0f} s"
-        )
+    if config.duration_s is not None:
+        if config.duration_s <= 0:
+            raise BadOption("--duration", f"{config.duration_s:g} s: it must be more than 0 s")
+        if config.duration_s > MAX_DURATION_S:
+            raise BadOption(
+                "--duration",
+                f"{config.duration_s:,g} s is past the limit of {MAX_DURATION_S:,.0f} s (a day)",
+            )
     if config.num_prompts is not None and not (1 <= config.num_prompts <= MAX_NUM_PROMPTS):
         raise BadOption(
             "--num-prompts", f"{config.num_prompts:,} is not between 1 and {MAX_NUM_PROMPTS:,}"
         )
+    _check_reachable(config)
     if not (0 <= config.range_ratio < 1):
         raise BadOption("--range-ratio", f"{config.range_ratio:g} is not in [0, 1)")
     if config.prompt_len < 1 or config.output_len < 1:
@@ -135,6 +140,48 @@ def validate(config: LoadConfig) -> None:
     if config.warmup < 0:
         raise BadOption("--warmup", f"{config.warmup} is negative")
     ArrivalPattern(1.0, config.arrival, config.burstiness).validate()
+
+
+def _check_reachable(config: LoadConfig) -> None:
+    """Levels a point could never reach, refused: N users with fewer than N requests never
+    have N in flight at once, and a rate whose requests would come after the point's end
+    (or after a day) leaves the run waiting with nothing to show."""
+    n = config.num_prompts
+    if config.mode == "concurrency":
+        users = int(max(config.levels))
+        if n is not None and users > n:
+            raise BadOption(
+                "--concurrency",
+                f"{users:,} users need at least {users:,} requests to all be busy at once: "
+                f"--num-prompts {n:,} sends {n:,} (give --num-prompts {users:,} or more)",
+            )
+        return
+    for rate in config.levels:
+        if math.isinf(rate):
+            continue
+        if config.duration_s is not None:
+            if rate * config.duration_s < 1:
+                raise BadOption(
+                    "--request-rate",
+                    f"at {rate:g} requests/s one request comes every {_secs(1 / rate)} s on "
+                    f"average, longer than the point (--duration {config.duration_s:g} s): give "
+                    f"at least {1 / config.duration_s:g} requests/s or a longer --duration",
+                )
+            continue
+        count = planned_count(config, LoadLevel.per_second(rate))
+        span = count / rate
+        if span > MAX_DURATION_S:
+            raise BadOption(
+                "--request-rate",
+                f"{count:,} requests at {rate:g} requests/s take about {_secs(span)} s to send, "
+                f"past the limit of {MAX_DURATION_S:,.0f} s (a day): give at least "
+                f"{count / MAX_DURATION_S:.2g} requests/s or fewer --num-prompts",
+            )
+
+
+def _secs(s: float) -> str:
+    """Seconds for a message: 100, 12,500, or 8e+300 when there are too many digits."""
+    return f"{s:,.3g}" if s < 1000 else (f"{s:,.0f}" if s < 1e12 else f"{s:.2g}")
 
 
 def planned_count(config: LoadConfig, level: LoadLevel) -> int:

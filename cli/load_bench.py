@@ -300,6 +300,7 @@ def load_config_from_args(args: argparse.Namespace) -> LoadConfig:
         )
     if args.sweep and args.find_max:
         raise BadOption("--sweep", "choose --sweep or --find-max, not both")
+    _check_search_levels(args)
     rate_mode = args.request_rate is not None or (
         args.concurrency is None and (args.sweep or args.find_max)
     )
@@ -347,6 +348,37 @@ def load_config_from_args(args: argparse.Namespace) -> LoadConfig:
     )
     validate(config)
     return config
+
+
+def _check_search_levels(args: argparse.Namespace) -> None:
+    """--sweep picks every level itself and --find-max searches up from one: a level list
+    given beside them would be dropped in silence, so it is refused, saying what to give."""
+    given = [
+        (flag, value)
+        for flag, value in (
+            ("--request-rate", args.request_rate),
+            ("--concurrency", args.concurrency),
+        )
+        if value is not None
+    ]
+    if not given:
+        return
+    flag, value = given[0]
+    text = str(value).strip()
+    if args.sweep:
+        raise BadOption(
+            "--sweep",
+            "it chooses its own levels (1 user, then all at once, then 4 rates between): "
+            f"not with {flag} {text}; give a list without --sweep to measure those levels",
+        )
+    if args.find_max and "," in text:
+        first = text.split(",")[0].strip()
+        raise BadOption(
+            "--find-max",
+            f"it searches up from one starting level, so {flag} {text} would be ignored "
+            f"past its first: give one, e.g. {flag} {first}, or measure the list without "
+            "--find-max",
+        )
 
 
 def check_load_output_len(config: LoadConfig, max_model_len: int | None) -> None:

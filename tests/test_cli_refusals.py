@@ -1,0 +1,223 @@
+"""Combinations of flags that cannot mean what they say, refused in one plain line with the
+numbers before anything starts (#31, items 3, 4 and 6): a list that a mode would drop, a
+key given twice, one server compared with itself, a rate that never sends, and the words
+of each refusal (not a number, more than 0, an empty name, a HOME that is not there).
+
+Every run is the real `kvscope` command on the fake engine or against dead loopback
+ports: no vLLM engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import pytest
+from cli_helpers import one_line, run_kvscope
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
+
+# A small load that the fake engine answers in well under a second per point.
+SMALL = ("--prompt-lens", "32", "--output-len", "4", "--warmup", "0", "--seed", "3")
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "KVSCOPE_CACHE_DIR": str(tmp_path / "cache"), **extra}
+    env.pop("KVSCOPE_DEBUG", None)
+    return env
+
+
+def _kvscope(
+    tmp_path: Path, *args: str, timeout: float = 60, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    return run_kvscope(*args, env=_env(tmp_path, **extra), timeout=timeout)
+
+
+def _dead_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- item 3: --find-max and the levels it claims -----------------------------------------------
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--concurrency", "1,2"], ("--find-max", "1,2", "--concurrency 1")),
+        (["--request-rate", "1,2"], ("--find-max", "1,2", "--request-rate 1")),
+    ],
+)
+def test_find_max_refuses_a_list_it_would_ignore(
+    tmp_path: Path, flags: list[str], says: tuple[str, ...]
+) -> None:
+    run = _kvscope(
+        tmp_path, "bench", "--fake", "--find-max", "--goodput", "ttft:100000", *flags, *SMALL
+    )
+    assert run.returncode == 1, run.stdout[-2000:]
+    one_line(run.stderr, *says)
+    assert run.stdout == ""
+
+
+def test_find_max_never_claims_more_users_than_its_requests_had_in_flight(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "r.json"
+    prompts = 4
+    run = _kvscope(
+        tmp_path, "bench", "--fake", "--find-max", "--goodput", "ttft:100000",
+        "--concurrency", "1", "--num-prompts", str(prompts), "--json", str(out), *SMALL,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    found = json.loads(out.read_text())
+    best = found["find_max"]["best"]
+    points = {p["max_concurrency"]: p for p in found["points"]}
+    assert best is not None and best <= prompts, found["find_max"]
+    # The level claimed is one its batch reached: that many requests were in flight at once.
+    assert points[best]["max_concurrent_requests"] >= best
+    assert max(points) <= prompts
+    assert f"--num-prompts {prompts}" in run.stdout
+
+
+def test_a_users_level_past_the_requests_it_sends_is_refused(tmp_path: Path) -> None:
+    run = _kvscope(
+        tmp_path, "bench", "--fake", "--concurrency", "1,8", "--num-prompts", "4", *SMALL
+    )
+    assert run.returncode == 1
+    one_line(run.stderr, "8 users", "--num-prompts 4", "at least 8")
+
+
+# -- item 4: nothing dropped in silence --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--request-rate", "1,2"], ("--sweep", "--request-rate 1,2")),
+        (["--concurrency", "4"], ("--sweep", "--concurrency 4")),
+    ],
+)
+def test_sweep_refuses_levels_it_would_drop(
+    tmp_path: Path, flags: list[str], says: tuple[str, ...]
+) -> None:
+    run = _kvscope(tmp_path, "bench", "--fake", "--sweep", *flags, *SMALL)
+    assert run.returncode == 1
+    one_line(run.stderr, *says, "chooses its own")
+
+
+def test_goodput_refuses_a_key_given_twice(tmp_path: Path) -> None:
+    run = _kvscope(
+        tmp_path, "bench", "--fake", "--concurrency", "1,2", "--goodput", "ttft:100000",
+        "TTFT:1", *SMALL,
+    )  # fmt: skip
+    assert run.returncode == 1
+    one_line(run.stderr, "--goodput", "ttft", "twice", "100000", "1")
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        "a=http://127.0.0.1:{port},b=http://127.0.0.1:{port}",
+        "a=http://127.0.0.1:{port},b=http://127.0.0.1:{port}/",
+        "a=http://localhost:{port},b=http://127.0.0.1:{port}/v1",
+    ],
+)
+def test_compare_urls_refuses_one_server_given_twice(tmp_path: Path, pair: str) -> None:
+    port = _dead_port()
+    run = _kvscope(
+        tmp_path, "bench", "--turns", "2", "--sessions", "1", "--compare-urls",
+        pair.format(port=port),
+    )  # fmt: skip
+    assert run.returncode == 1
+    # Refused before any attach: no "No vLLM server answers" about the first URL.
+    line = one_line(run.stderr, "--compare-urls", "one server", str(port))
+    assert "answers" not in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--request-rate", "1e-300"], ("1e-300", "86,400 s")),
+        (["--request-rate", "0.001", "--num-prompts", "100"], ("100 requests", "0.001")),
+        (["--request-rate", "0.01", "--duration", "10"], ("0.01", "100 s", "--duration 10")),
+    ],
+)
+def test_a_rate_that_would_not_send_within_the_run_is_refused(
+    tmp_path: Path, flags: list[str], says: tuple[str, ...]
+) -> None:
+    # Before, the first of these waited forever with nothing said: the timeout fails it.
+    run = _kvscope(tmp_path, "bench", "--fake", *flags, *SMALL, timeout=30)
+    assert run.returncode == 1
+    one_line(run.stderr, "--request-rate", *says)
+
+
+# -- item 6: the right words ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("flags", "says", "not_says"),
+    [
+        (["--goodput", "ttft:nan"], ("'ttft:nan'", "not a number"), "negative"),
+        (["--goodput", "tpot:-5"], ("'tpot:-5'", "cannot be negative"), "not a number"),
+        (["--duration", "0"], ("--duration", "must be more than 0 s"), "between"),
+        (["--duration", "-3"], ("--duration", "-3 s", "more than 0 s"), "between"),
+        (["--duration", "100000"], ("--duration", "100,000 s", "86,400 s (a day)"), "between"),
+    ],
+)
+def test_load_values_are_refused_in_the_right_words(
+    tmp_path: Path, flags: list[str], says: tuple[str, ...], not_says: str
+) -> None:
+    run = _kvscope(tmp_path, "bench", "--fake", "--concurrency", "1,2", *flags, *SMALL)
+    assert run.returncode == 1
+    line = one_line(run.stderr, *says)
+    assert not_says not in line
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--replica", "=http://127.0.0.1:{port}"],
+        ["--replica", " =http://127.0.0.1:{port}", "--replica", "http://127.0.0.1:1"],
+        ["--turns", "2", "--compare-urls", "=http://127.0.0.1:{port},b=http://127.0.0.1:1"],
+    ],
+)
+def test_an_empty_name_before_equals_is_called_empty(tmp_path: Path, flags: list[str]) -> None:
+    port = _dead_port()
+    run = _kvscope(tmp_path, "bench", *(f.format(port=port) for f in flags))
+    assert run.returncode == 1
+    line = one_line(run.stderr, "name", "empty")
+    assert "is not http" not in line
+
+
+def _vllm_marker(tmp_path: Path) -> tuple[Path, Path]:
+    """A `vllm` package first on the path that leaves a file when imported, then fails
+    as a vLLM that does not load would: whether a command imported vLLM is then a file."""
+    fake = tmp_path / "fake-vllm"
+    (fake / "vllm").mkdir(parents=True)
+    marker = tmp_path / "vllm-was-imported"
+    (fake / "vllm" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise ImportError('fake vllm for a test')\n"
+    )
+    return fake, marker
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["doctor", "--json"], ["bench"], ["generate"], []])
+def test_an_unknown_flag_is_refused_before_vllm_is_imported(
+    tmp_path: Path, command: list[str]
+) -> None:
+    fake, marker = _vllm_marker(tmp_path)
+    run = _kvscope(tmp_path, *command, "--bogus", PYTHONPATH=str(fake))
+    assert run.returncode in (1, 2), run.stdout[-2000:]
+    one_line(run.stderr, "Unknown flag: --bogus")
+    assert not marker.exists(), "vLLM was imported before --bogus was refused"
+
+
+def test_doctor_with_a_missing_home_does_not_create_it(tmp_path: Path) -> None:
+    home = tmp_path / "nonexistent"
+    env = {**os.environ, "HOME": str(home)}
+    for name in ("KVSCOPE_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "KVSCOPE_DEBUG"):
+        env.pop(name, None)
+    run = run_kvscope("doctor", env=env, timeout=120)
+    assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
+    assert "Traceback" not in run.stderr
+    assert f"HOME ({home}) does not exist" in run.stdout + run.stderr
