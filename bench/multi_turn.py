@@ -161,9 +161,11 @@ class TurnSummary:
     turns: str  # "1", "2-4", "all"
     requests: int
     failed: int
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    p90_ttft_ms: float
+    # None where no request of these turns finished: no TTFT was measured, which 0 ms
+    # (the mean of nothing) would claim as the fastest of all.
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    p90_ttft_ms: float | None
     prompt_tokens: int
     cached_prompt_tokens: int | None  # summed where known; None: no request said
     hit_rate: float | None  # cached / prompt tokens over the requests that said
@@ -179,9 +181,9 @@ class TurnSummary:
             turns=turns,
             requests=len(ok),
             failed=len(records) - len(ok),
-            mean_ttft_ms=mean(ttft) * 1e3,
-            median_ttft_ms=percentile(ttft, 50) * 1e3,
-            p90_ttft_ms=percentile(ttft, 90) * 1e3,
+            mean_ttft_ms=mean(ttft) * 1e3 if ttft else None,
+            median_ttft_ms=percentile(ttft, 50) * 1e3 if ttft else None,
+            p90_ttft_ms=percentile(ttft, 90) * 1e3 if ttft else None,
             prompt_tokens=sum(r.prompt_tokens for r in ok),
             cached_prompt_tokens=cached,
             hit_rate=(cached or 0) / said if known and said > 0 else None,
@@ -199,6 +201,7 @@ class MultiTurnResult:
     duration_s: float = 0.0
     model: dict[str, Any] | None = None
     complete: bool = False
+    """Every planned turn was sent and finished: False when a session ended early."""
 
     def by_turn(self) -> list[TurnSummary]:
         return [
@@ -238,6 +241,11 @@ class MultiTurnResult:
         return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
+    def not_sent(self) -> int:
+        """Planned turns never sent: a session ends at its first turn that failed."""
+        return max(self.config.sessions * self.config.turns - len(self.records), 0)
+
+    @property
     def first_error(self) -> str | None:
         return next((r.error for r in self.records if r.error), None)
 
@@ -254,6 +262,7 @@ class MultiTurnResult:
             "duration_s": self.duration_s,
             "completed": self.completed,
             "failed": self.failed,
+            "not_sent": self.not_sent,
             "total_output_tokens": self.output_tokens,
             "request_throughput": self.request_throughput,
             "output_throughput": self.output_throughput,
@@ -340,7 +349,9 @@ async def run_multi_turn(
     result.records.sort(key=lambda r: (r.session, r.turn))
     # Until the last reply ended (the engine's clock), or now when none did.
     result.duration_s = max(ends) if ends else clock.now() - start
-    result.complete = True
+    # Complete only when every planned turn finished: a run whose sessions stopped at a
+    # failed turn measured less than it says in its config.
+    result.complete = not result.failed and not result.not_sent
     return result
 
 

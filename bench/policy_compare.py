@@ -73,12 +73,13 @@ def verdict(comparison: PolicyComparison) -> str:
     ha, hb = la.hit_rate, lb.hit_rate
     if ha is not None and hb is not None:
         parts.append(f"prefix hit rate ({which}) {hb:.0%} against {ha:.0%}")
-    ttft = lb.mean_ttft_ms / la.mean_ttft_ms if la.mean_ttft_ms > 0 else None
-    if ttft is not None:
+    ttft: float | None = None
+    ma, mb = la.mean_ttft_ms, lb.mean_ttft_ms  # None: no turn of those finished
+    if ma is not None and mb is not None and ma > 0:
+        ttft = mb / ma
         word = "lower" if ttft < 1 else "higher"
         parts.append(
-            f"mean TTFT ({which}) {lb.mean_ttft_ms:,.0f} ms against {la.mean_ttft_ms:,.0f} ms "
-            f"(x{ttft:.2f}, {b} {word})"
+            f"mean TTFT ({which}) {mb:,.0f} ms against {ma:,.0f} ms (x{ttft:.2f}, {b} {word})"
         )
     if ra.output_throughput > 0:
         parts.append(f"output throughput x{rb.output_throughput / ra.output_throughput:.2f}")
@@ -113,10 +114,11 @@ def _uncached_turns(ra: MultiTurnResult, rb: MultiTurnResult) -> tuple[str, floa
         return None
     pa = TurnSummary.of("", [r for r in ra.records if r.turn in turns])
     pb = TurnSummary.of("", [r for r in rb.records if r.turn in turns])
-    if pa.mean_ttft_ms <= 0 or not pb.requests:
+    ma, mb = pa.mean_ttft_ms, pb.mean_ttft_ms
+    if ma is None or mb is None or ma <= 0:
         return None
     span = f"turn {turns[0]}" if len(turns) == 1 else "turns " + ", ".join(map(str, turns))
-    return span, pb.mean_ttft_ms / pa.mean_ttft_ms
+    return span, mb / ma
 
 
 def _reading(

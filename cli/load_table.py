@@ -179,14 +179,20 @@ def render_multi_turn(result: MultiTurnResult, console: Console) -> None:
         table.add_row(
             s.turns,
             done,
-            f"{s.mean_ttft_ms:,.0f}",
-            f"{s.median_ttft_ms:,.0f}",
-            f"{s.p90_ttft_ms:,.0f}",
-            f"{s.prompt_tokens / n:,.0f}",
+            _opt(s.mean_ttft_ms, "{:,.0f}"),  # "-": no turn of these finished
+            _opt(s.median_ttft_ms, "{:,.0f}"),
+            _opt(s.p90_ttft_ms, "{:,.0f}"),
+            f"{s.prompt_tokens / n:,.0f}" if s.requests else "-",
             cached,
             _hit(s.hit_rate),
         )
     console.print(table)
+    if result.not_sent:
+        planned = c.sessions * c.turns
+        console.print(
+            f"{result.not_sent} of {planned} planned turns were never sent: a session ends "
+            "at its first turn that failed, as the next turn needs its reply."
+        )
     console.print(
         f"{result.completed} turns in {result.duration_s:,.1f} s: "
         f"{result.request_throughput:,.2f} req/s, {result.output_throughput:,.1f} output tok/s."
@@ -238,14 +244,15 @@ def render_policy_compare(done: PolicyComparison, console: Console) -> None:
         cells = []
         for label, turns in spans:
             s = TurnSummary.of(label, [x for x in r.records if x.turn in turns])
-            cells.append(f"{s.mean_ttft_ms:,.0f} · {_hit(s.hit_rate)}" if s.requests else "-")
+            ttft = s.mean_ttft_ms
+            cells.append(f"{ttft:,.0f} · {_hit(s.hit_rate)}" if ttft is not None else "-")
         tail = r.later() or r.overall()
         table.add_row(
             name,
             f"{r.completed}" + (f"+{r.failed}✗" if r.failed else ""),
             *cells,
-            f"{tail.mean_ttft_ms:,.0f}",
-            f"{tail.p90_ttft_ms:,.0f}",
+            _opt(tail.mean_ttft_ms, "{:,.0f}"),
+            _opt(tail.p90_ttft_ms, "{:,.0f}"),
             _hit(tail.hit_rate),
             _hit(r.overall().hit_rate),
             f"{r.output_throughput:,.1f}",

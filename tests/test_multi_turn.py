@@ -211,6 +211,7 @@ def test_a_sticky_router_finds_each_sessions_last_prompt_cached_round_robin_less
     assert rr is not None and ca is not None
     assert rr.hit_rate is not None and ca.hit_rate is not None
     assert ca.hit_rate > rr.hit_rate  # deterministic here: the fake, not the host
+    assert ca.mean_ttft_ms is not None and rr.mean_ttft_ms is not None
     assert ca.mean_ttft_ms < rr.mean_ttft_ms  # the fake prefills only what was not cached
     assert {replica for _, replica, _ in fleets["round_robin"].served} == {0, 1}
 
@@ -222,6 +223,7 @@ def test_the_sentence_says_which_way_it_came_out_with_the_ratio() -> None:
     said = verdict(done)
     assert said.startswith("cache_aware against round_robin: ")
     assert f"prefix hit rate (turns 2-4) {ca.hit_rate:.0%} against {rr.hit_rate:.0%}" in said
+    assert ca.mean_ttft_ms is not None and rr.mean_ttft_ms is not None
     ratio = ca.mean_ttft_ms / rr.mean_ttft_ms
     assert f"(x{ratio:.2f}, cache_aware lower)" in said
     assert "so those turns prefilled less" in said
