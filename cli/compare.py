@@ -203,6 +203,7 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]{0,23}$")
 
 def parse_compare_urls(text: str) -> list[tuple[str, ServerUrl]]:
     """[(name, url), ...] from `A=URL,B=URL` (unnamed ones are A, B, ... in order)."""
+    from engine.fleet.replicas import empty_name, same_server
     from engine.remote.client import parse_server_url, safe_url
 
     option = "--compare-urls"
@@ -216,6 +217,8 @@ def parse_compare_urls(text: str) -> list[tuple[str, ServerUrl]]:
     out: list[tuple[str, ServerUrl]] = []
     for i, item in enumerate(items):
         name, eq, rest = item.partition("=")
+        if eq and not name.strip():
+            raise BadOption(option, empty_name(item))
         if eq and _NAME.match(name.strip()):
             name, url_text = name.strip(), rest.strip()
         elif eq and name.strip() and not any(c in name for c in ":/?#@"):
@@ -232,6 +235,15 @@ def parse_compare_urls(text: str) -> list[tuple[str, ServerUrl]]:
             raise BadOption(option, f"{safe_url(url_text)!r}: {exc.reason}") from None
         if any(name == seen for seen, _ in out):
             raise BadOption(option, f"two URLs are named {name!r}; give each its own name")
+        twin = next(((n, u) for n, u in out if same_server(u.root, url.root)), None)
+        if twin is not None:
+            # One server through two names would run the same chats twice and call the
+            # difference between the runs a difference between routing policies.
+            raise BadOption(
+                option,
+                f"{twin[0]}={twin[1].root} and {name}={url.root} are one server (the same "
+                "port on the same host): compare two routers, each at its own address",
+            )
         out.append((name, url))
     return out
 

@@ -221,3 +221,14 @@ def test_doctor_with_a_missing_home_does_not_create_it(tmp_path: Path) -> None:
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
     assert "Traceback" not in run.stderr
     assert f"HOME ({home}) does not exist" in run.stdout + run.stderr
+
+
+def test_replicas_refuse_one_server_under_two_names(tmp_path: Path) -> None:
+    port = _dead_port()
+    run = _kvscope(
+        tmp_path, "bench", "--replica", f"http://localhost:{port}",
+        "--replica", f"http://127.0.0.1:{port}/", "--concurrency", "1,2",
+    )  # fmt: skip
+    assert run.returncode == 1
+    line = one_line(run.stderr, "--replica", "one server", str(port))
+    assert "answers" not in line

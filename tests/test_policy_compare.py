@@ -180,9 +180,10 @@ def test_two_router_policies_compared_on_one_fleet_end_to_end(
 
 def test_a_comparison_that_cannot_attach_says_which_url_in_one_line() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
+    other = f"http://127.0.0.1:{free_port()}"  # one URL twice is refused before any attach
     run = _bench(
         "--turns", "2", "--sessions", "1", "--timeout", "2",
-        "--compare-urls", f"a={dead},b={dead}",
+        "--compare-urls", f"a={dead},b={other}",
     )  # fmt: skip
     assert run.returncode != 0
     said = one_line(run.stderr, "--compare-urls a (", besides=("kvscope: a: ",))

@@ -9,14 +9,17 @@ any name given explicitly: the words on screen ("cached on replica b") stay shor
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from engine.errors import BadOption
 from engine.remote.client import ServerUrl, parse_server_url, safe_url
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+    from urllib.parse import SplitResult
 
 OPTION = "--replica"
 MAX_REPLICAS = 64
@@ -54,6 +57,8 @@ def _letters(i: int) -> str:
 def _split(text: str) -> tuple[str | None, str]:
     """`name=URL` into its two parts; a bare URL (even one with `=` in its query) has none."""
     name, eq, url = text.strip().partition("=")
+    if eq and not name.strip():
+        raise BadOption(OPTION, empty_name(text))
     if eq and _NAME.match(name.strip()):
         return name.strip(), url.strip()
     if eq and name.strip() and not any(c in name for c in ":/?#@"):
@@ -63,6 +68,44 @@ def _split(text: str) -> tuple[str | None, str]:
             "digits, '.', '_' or '-' (e.g. a=http://127.0.0.1:8001)",
         )
     return None, text.strip()
+
+
+def empty_name(given: str) -> str:
+    """The words for `=URL`: a name left empty, not a URL that is not http://."""
+    return (
+        f"{safe_url(given.strip())!r}: the name before '=' is empty; give one "
+        "(name=URL) or leave out the '='"
+    )
+
+
+def same_server(a: str, b: str) -> bool:
+    """Whether two root URLs reach one server: the same port and path on one host, whose
+    names may differ (localhost is 127.0.0.1; a trailing / or /v1 is already gone from a
+    root). A name that does not resolve is compared as written."""
+    pa, pb = urlsplit(a), urlsplit(b)
+    if _port(pa) != _port(pb) or pa.path.rstrip("/") != pb.path.rstrip("/"):
+        return False
+    ha, hb = (pa.hostname or "").lower(), (pb.hostname or "").lower()
+    return ha == hb or bool(_addresses(ha) & _addresses(hb))
+
+
+def _port(parts: SplitResult) -> int | None:
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return port if port is not None else {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _addresses(host: str) -> set[str]:
+    """The addresses `host` names; a server on 0.0.0.0 (or ::) answers on loopback too."""
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return {host}
+    if found & {"0.0.0.0", "::"}:
+        found |= {"127.0.0.1", "::1"}
+    return found
 
 
 def _url(text: str, given: str) -> ServerUrl:
@@ -136,6 +179,13 @@ def parse_replicas(texts: Sequence[str]) -> ReplicaSet:
                 OPTION,
                 f"{where.root} is given twice (as {seen[where.root]!r} and {name!r}); one "
                 "server is one replica",
+            )
+        twin = next((r for r in seen if same_server(r, where.root)), None)
+        if twin is not None:
+            raise BadOption(
+                OPTION,
+                f"{seen[twin]}={twin} and {name}={where.root} are one server (the same port "
+                "on the same host); one server is one replica",
             )
         seen[where.root] = name
         replicas.append(Replica(name, where))
