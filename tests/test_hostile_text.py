@@ -19,6 +19,7 @@ from hostile_server import HostileServer
 from remote_server import (
     FakeServer,
     chat_chunk,
+    json_reply,
     sse,
     sse_event,
 )
@@ -106,6 +107,26 @@ def test_a_lone_surrogate_is_kept_as_u_fffd_and_the_tape_is_whole(
     assert len(request.tokens) == len(PIECES), "a token record was lost"
     assert request.text == "".join(SHOWN)
     assert request.finished is not None and request.finished.output_tokens == len(PIECES)
+
+
+@pytest.mark.parametrize("mid_stream", [False, True], ids=["http-500", "error-event"])
+def test_a_lone_surrogate_in_a_refusal_is_u_fffd_in_its_line_and_on_the_tape(
+    no_vllm: dict[str, str], tmp_path: Path, mid_stream: bool
+) -> None:
+    tape = tmp_path / "refused.jsonl"
+    error = {"object": "error", "message": "bad \udc9b news", "code": 500}
+    if mid_stream:
+        refusal = sse(chat_chunk("Hi", token_ids=[5]), sse_event({"error": error}))
+    else:
+        refusal = json_reply(error, 500)
+    with FakeServer({"/v1/chat/completions": lambda _r: refusal}) as server:
+        code, _out, err = kvscope_bytes(
+            no_vllm, "generate", "--url", server.url, "--json", "--tape", str(tape)
+        )
+    assert code == 1, err
+    one_line(err, "bad \ufffd news", besides=(ATTACHED,))
+    [request] = read_tape(tape).requests
+    assert request.failure is not None and "bad \ufffd news" in request.failure.error.plain()
 
 
 def test_the_tape_writes_a_record_whose_text_is_not_unicode(

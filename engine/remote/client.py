@@ -27,7 +27,7 @@ from engine.errors import (
     ServerUnreachable,
 )
 from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts
-from engine.visible_text import visible
+from engine.visible_text import visible, well_formed
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -171,8 +171,9 @@ class ServerAnswer(Exception):
 
 def error_message(body: bytes | str) -> str:
     """The human part of a vLLM (or proxy) error body, its control characters made
-    visible: it is printed, and a server chooses it."""
-    return visible(_error_message(body))
+    visible and its lone surrogates (a JSON escape of half a UTF-16 pair) U+FFFD: it is
+    printed and written to tapes, and a server chooses it."""
+    return visible(well_formed(_error_message(body))[0])
 
 
 def _error_message(body: bytes | str) -> str:

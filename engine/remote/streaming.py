@@ -71,6 +71,7 @@ class StreamError(Exception):
     """The server put an error object into the stream instead of a chunk."""
 
     def __init__(self, status: int, message: str) -> None:
+        message = well_formed(message)[0]  # the server's words, printed and taped
         super().__init__(status, message)
         self.status = status
         self.message = message
