@@ -20,11 +20,16 @@ from tui_helpers import (
     WIDE,
     engine_ready,
     make_app,
+    reply_done,
+    send_chat,
+    settle,
     step_sample,
 )
 
+from tui import figures
 from tui import format as fmt
 from tui.telemetry.buffers import Telemetry
+from tui.telemetry.host_watch import HostWatch
 
 if TYPE_CHECKING:
     from tui.app import KvscopeApp
@@ -139,3 +144,51 @@ def test_distinct_lengths_outlive_many_steps_of_one_length() -> None:
         tel.add_sample(step_sample(step, prefill=512, duration=0.6))
     lengths = {n for n, _ in tel.prefill_steps()}
     assert lengths == {100, 512}
+
+
+# -- 10. host-busy points ----------------------------------------------------------------------
+async def test_points_measured_on_a_busy_host_are_drawn_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tui.widgets import engine_panel
+
+    monkeypatch.setattr(engine_panel, "HOST_CHECK_S", 0.0)
+    load = {"now": 0.5}
+    app = make_app()
+    app.telemetry.host = HostWatch(load_average=lambda: load["now"], cores=2)
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        app.telemetry.host.check_load = True
+        await send_chat(pilot, "hello")
+        await reply_done(pilot)
+        load["now"] = 3.0  # load 3 on 2 cores, as in the live run
+        await send_chat(pilot, "hello again, a little longer this time")
+        await reply_done(pilot)
+        await settle(pilot)
+        calm, busy = list(app.telemetry.points)
+        assert calm.host_busy is None
+        assert busy.host_busy is not None and "load 3.0 on 2 cores" in busy.host_busy
+        figure, summary = figures.latency_figure(app.telemetry, 60, 12)
+        assert figure is not None
+        assert summary.host_busy == 1
+        strips = (figure, figure.below) if figure.below else (figure,)
+        by_mark = {s.marker: s for f in strips for s in f.series}
+        # The calm point in the usual glyphs, the busy one only in the busy ones.
+        assert by_mark[figures.TTFT_MARK].xs == (float(calm.prompt_tokens),)
+        assert by_mark[figures.ITL_MARK].xs == (float(calm.prompt_tokens),)
+        assert by_mark[figures.BUSY_TTFT_MARK].xs == (float(busy.prompt_tokens),)
+        assert by_mark[figures.BUSY_ITL_MARK].xs == (float(busy.prompt_tokens),)
+        assert by_mark[figures.BUSY_TTFT_MARK].role == "axes"  # dim: the muted colour
+        box = app.main_screen.engine_panel.query_one("#ttft-box")
+        assert "host busy" in str(box.border_subtitle)
+        assert figures.BUSY_TTFT_MARK in str(box.border_subtitle)
+        assert "1 host busy" in str(box.border_title)
+
+
+def test_a_calm_host_adds_nothing_to_the_key() -> None:
+    tel = Telemetry(host=HostWatch(load_average=lambda: 0.1, cores=2))
+    tel.host.check_load = True
+    assert tel.host.busy_words() is None
+    tel.host.check_load = False  # a GPU engine: the host's load is not the engine's
+    tel.host.load_average = lambda: 9.0
+    assert tel.host.busy_words() is None

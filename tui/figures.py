@@ -21,6 +21,12 @@ from tui.telemetry.buffers import KV_WINDOW_S, LatencyPoint, Telemetry
 TTFT_MARK = "•"
 QUEUED_MARK = "◇"
 ITL_MARK = "×"
+# A point measured while the host was busy: hollow and dim, its own series, so that a
+# TTFT the host's other work slowed is not read as the engine's.
+BUSY_TTFT_MARK = "○"
+BUSY_ITL_MARK = "+"
+BUSY_ROLE = "axes"
+"""The plot's muted colour: the busy points recede behind the engine's own."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class LatencySummary:
     queue_removed: int  # queued points drawn at their TTFT less the queue time
     longest_queue_ms: float | None
     scale: LatencyScale = "linear"
+    host_busy: int = 0
+    """Points measured while the host was busy (drawn hollow, apart from the others)."""
 
 
 TTFT_STRIP = "TTFT"
@@ -106,15 +114,20 @@ def latency_figure(
 
     A copy that waited behind others is drawn with its own glyph, at its TTFT less the
     time it queued where that is known, so one long wait does not flatten every other
-    point onto the axis.
+    point onto the axis. A point measured while the host was busy is drawn hollow and
+    dim (its TTFT as a queued one's), whatever else it was: its timings are the host's.
     """
     points = list(tel.points)
     summary = _summarize(points)
     if not points:
         return None, summary
-    served = [p for p in points if not p.queued and p.ttft_ms is not None]
-    queued = [p for p in points if p.queued and p.service_ttft_ms is not None]
-    itl = [p for p in points if p.median_itl_ms is not None]
+    calm = [p for p in points if p.host_busy is None]
+    busy = [p for p in points if p.host_busy is not None]
+    served = [p for p in calm if not p.queued and p.ttft_ms is not None]
+    queued = [p for p in calm if p.queued and p.service_ttft_ms is not None]
+    itl = [p for p in calm if p.median_itl_ms is not None]
+    busy_ttft = [p for p in busy if p.service_ttft_ms is not None]
+    busy_itl = [p for p in busy if p.median_itl_ms is not None]
 
     def xy(chosen: list[LatencyPoint], value: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
         xs = tuple(float(p.prompt_tokens) for p in chosen)
@@ -124,7 +137,9 @@ def latency_figure(
     qx, qy = xy(queued, "service_ttft_ms")
     tx, ty = xy(served, "ttft_ms")
     ix, iy = xy(itl, "median_itl_ms")
-    every_y = [*qy, *ty, *iy]
+    bx, by = xy(busy_ttft, "service_ttft_ms")
+    bix, biy = xy(busy_itl, "median_itl_ms")
+    every_y = [*qy, *ty, *iy, *by, *biy]
     if not every_y:
         return None, summary
     right = max(p.prompt_tokens for p in points) * 1.05 or 1.0
@@ -132,20 +147,27 @@ def latency_figure(
     queued_series = Series(qx, qy, role="marker", kind="scatter", marker=QUEUED_MARK)
     ttft_series = Series(tx, ty, role="series", kind="scatter", marker=TTFT_MARK)
     itl_series = Series(ix, iy, role="series-alt", kind="scatter", marker=ITL_MARK)
+    busy_series = Series(bx, by, role=BUSY_ROLE, kind="scatter", marker=BUSY_TTFT_MARK)
+    busy_itl_series = Series(bix, biy, role=BUSY_ROLE, kind="scatter", marker=BUSY_ITL_MARK)
+    # Busy points first: the engine's own points are drawn over them.
+    ttft_all = (busy_series, queued_series, ttft_series)
+    itl_all = (busy_itl_series, itl_series)
+    ttft_ys = (*by, *qy, *ty)
+    itl_ys = (*biy, *iy)
 
     upper_rows, lower_rows = strip_data_rows(rows)
-    apart = axes.ranges_differ([(*qy, *ty), iy])
+    apart = axes.ranges_differ([ttft_ys, itl_ys])
     if not log_y and apart and min(upper_rows, lower_rows) >= MIN_STRIP_ROWS:
         lower = Figure(
-            series=(itl_series,),
+            series=tuple(s for s in itl_all if s.xs),
             xaxis=xaxis,
-            yaxis=axes.duration_axis(max(iy), lower_rows),
+            yaxis=axes.duration_axis(max(itl_ys), lower_rows),
             label=ITL_STRIP,
         )
         upper = Figure(
-            series=tuple(s for s in (queued_series, ttft_series) if s.xs),
+            series=tuple(s for s in ttft_all if s.xs),
             xaxis=xaxis,
-            yaxis=axes.duration_axis(max((*qy, *ty)), upper_rows),
+            yaxis=axes.duration_axis(max(ttft_ys), upper_rows),
             label=TTFT_STRIP,
             below=lower,
         )
@@ -160,9 +182,7 @@ def latency_figure(
 
     # ITL drawn last: the flat ITL line is half of the finding, and no TTFT point near
     # the axis may hide it.
-    series = [
-        log10_series(s) if log_y else s for s in (queued_series, ttft_series, itl_series) if s.xs
-    ]
+    series = [log10_series(s) if log_y else s for s in (*ttft_all, *itl_all) if s.xs]
     figure = Figure(
         series=tuple(series),
         xaxis=xaxis,
@@ -173,10 +193,12 @@ def latency_figure(
 
 
 def _summarize(points: list[LatencyPoint]) -> LatencySummary:
-    queued = [p for p in points if p.queued]
+    # A busy point is drawn as busy, queued or not: the queued glyph counts the others.
+    queued = [p for p in points if p.queued and p.host_busy is None]
     removed = [p for p in queued if p.queue_ms is not None]
     longest = max((p.queue_ms for p in removed if p.queue_ms is not None), default=None)
-    return LatencySummary(len(points), len(queued), len(removed), longest)
+    busy = sum(1 for p in points if p.host_busy is not None)
+    return LatencySummary(len(points), len(queued), len(removed), longest, host_busy=busy)
 
 
 def kv_figure(

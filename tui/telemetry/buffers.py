@@ -51,6 +51,9 @@ class LatencyPoint:
     median_itl_ms: float | None
     queue_ms: float | None  # time before the engine first scheduled it, where known
     queued: bool  # at least one step ran without it: other requests went first
+    host_busy: str | None = None
+    """Why the host was busy when it finished ("load 3.0 on 2 cores"), or None: its
+    timings are then the host's as much as the engine's, and the plot draws it apart."""
 
     @property
     def service_ttft_ms(self) -> float | None:
@@ -199,7 +202,7 @@ class Telemetry:
 
     def add_finished(self, event: RequestFinished) -> LatencyPoint:
         track = self.requests.finished(event.request_id)
-        point = latency_point(event, track)
+        point = latency_point(event, track, host_busy=self.host.busy_words())
         # The engine's own clock: the e2e time runs from submission to the last token.
         row = self.timeline.row(event.request_id)
         if row is not None:
@@ -293,7 +296,9 @@ class Telemetry:
         )
 
 
-def latency_point(event: RequestFinished, track: RequestTrack | None) -> LatencyPoint:
+def latency_point(
+    event: RequestFinished, track: RequestTrack | None, *, host_busy: str | None = None
+) -> LatencyPoint:
     itl = list(event.itl_s)
     queue_s: float | None = None
     # The engine's own queue time, where it reports one, beats the one seen from the
@@ -312,4 +317,5 @@ def latency_point(event: RequestFinished, track: RequestTrack | None) -> Latency
         median_itl_ms=percentile(itl, 50) * 1000.0 if itl else None,
         queue_ms=queue_s * 1000.0 if queue_s is not None else None,
         queued=queued,
+        host_busy=host_busy,
     )

@@ -100,7 +100,11 @@ class HostWatch:
             parts.append(load)
         return "the host was busy (" + "; ".join(parts) + ")"
 
-    def warning(self) -> HostWarning | None:
+    def busy_words(self) -> str | None:
+        """ "load 3.0 on 2 cores; decode steps vary ×4.2" while the host is busy, else None.
+
+        Read when a request finishes, to mark its point on the latency plot: a TTFT taken
+        while other processes held the cores is not the engine's own."""
         parts: list[str] = []
         load = self.load_words()
         if load is not None:
@@ -108,6 +112,10 @@ class HostWatch:
         spread = self.step_spread()
         if spread is not None and spread > self.spread_limit:
             parts.append(f"decode steps vary ×{spread:.1f}")
-        if not parts:
+        return "; ".join(parts) if parts else None
+
+    def warning(self) -> HostWarning | None:
+        busy = self.busy_words()
+        if busy is None:
             return None
-        return HostWarning(f"⚠ host busy: {'; '.join(parts)}: timings are noisy")
+        return HostWarning(f"⚠ host busy: {busy}: timings are noisy")

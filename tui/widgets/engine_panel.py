@@ -432,13 +432,19 @@ class EnginePanel(Vertical):
             if summary.queued:
                 words = (
                     "queued (queue time removed)"
-                    if summary.queue_removed == summary.queued
+                    if summary.queue_removed == summary.queued and not summary.host_busy
                     else "queued"
                 )
                 entries.append(("$error", figures.QUEUED_MARK, words))
+            busy = ""
+            if summary.host_busy:
+                # Hollow and dim: taken while the host was busy (the status line says why).
+                marks = f"{figures.BUSY_TTFT_MARK} {figures.BUSY_ITL_MARK}"
+                entries.append(("$foreground-muted", marks, "host busy"))
+                busy = f" · {summary.host_busy:,} host busy"
             retitle(
                 self.query_one("#ttft-box"),
-                f"Latency vs prompt tokens{count}{scale}",
+                f"Latency vs prompt tokens{count}{busy}{scale}",
                 _key(*entries) if summary.requests else "",
             )
         fleet_view = self.query_one(FleetView)
