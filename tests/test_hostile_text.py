@@ -261,3 +261,27 @@ def test_unfinished_turns_have_no_ttft_and_the_run_is_not_complete(
     assert never and all(c.strip() == "-" for cells in never for c in cells[3:7]), rows
     planned = 2 * 3
     assert f"{planned - len(requests)} of {planned} planned turns were never sent" in shown
+
+
+async def test_the_playground_shows_a_lone_surrogate_as_u_fffd() -> None:
+    """The chat's reply, the screen, and a screenshot (SVG: UTF-8) all hold U+FFFD."""
+    from tui_helpers import engine_ready, make_app, reply_done, send_chat
+
+    from engine.remote import RemoteEngine
+    from tui.widgets.reply_block import ReplyBlock
+
+    with FakeServer({"/v1/chat/completions": _surrogate_reply}) as server:
+        engine = RemoteEngine(server.url, kv_events=None, scrape_interval_s=1.0)
+        app = make_app(engine=engine)
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                await engine_ready(pilot)
+                await send_chat(pilot, "hello")
+                await reply_done(pilot)
+                reply = app.main_screen.query(ReplyBlock).last()
+                screen = app.export_screenshot()
+        finally:
+            engine.shutdown()
+    assert reply.text.startswith("".join(SHOWN))
+    screen.encode("utf-8")  # strict: a lone surrogate on screen has no UTF-8
+    assert "a\ufffdb" in screen.replace("&#160;", " ")
