@@ -118,7 +118,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "replay",
         help="play a recorded session tape in the playground (no vLLM needed)",
-        usage="kvscope replay TAPE [--speed X] [--paused] | --json | --svg OUT [--at STEP]",
+        usage="kvscope replay TAPE [--speed X] [--paused] | --json | --svg OUT [--at RECORD]",
         description=(
             "Play a session tape in the playground, as it was recorded: the chat, the\n"
             "block map and every plot, with no engine and no model. Space pauses, left and\n"
@@ -152,8 +152,12 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--at",
         type=int,
-        metavar="STEP",
-        help="with --svg: the replay after this many of the tape's steps (default: the end)",
+        metavar="RECORD",
+        help=(
+            "with --svg: the replay after this many of the tape's step records, the bar's "
+            '"record N / M" (counted from 1), not the engine\'s step number that the '
+            'bar and the status line show as "engine step" (default: the end)'
+        ),
     )
     p.add_argument(
         "--size",
@@ -203,7 +207,9 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.svg:
         at = length if args.at is None else args.at
         if not 0 <= at <= length:
-            raise BadOption("--at", f"{at:,} is not a step of this tape: it has 0 to {length:,}")
+            raise BadOption(
+                "--at", f"{at:,} is not a step record of this tape: it has 0 to {length:,}"
+            )
         return save_svg(tape, args.svg, at, size)
     return play(tape, speed=args.speed, paused=args.paused)
 
@@ -289,14 +295,24 @@ def save_svg(tape: Tape, out: str, at: int, size: tuple[int, int]) -> int:
         finally:
             app.exit(0)
 
-    run_tui(engine, script=script, screenshot=out, size=size)
+    existed = Path(out).exists()
+    code = run_tui(engine, script=script, screenshot=out, size=size)
     from cli.launch import say
 
     if not saved or saved[0].startswith("error: "):
         say(saved[0].removeprefix("error: ") if saved else f"no screen was saved to {out}")
         return 1
+    if code != 0:
+        # The app stopped on an error after the screen was written (Textual printed it
+        # above): the file may not show what was asked for, so it is not called saved.
+        if not existed:
+            Path(out).unlink(missing_ok=True)
+        say(f"no screen was saved to {out}: the app stopped on an error (above)")
+        return code
     snap = engine.snapshot()
-    where = f"step {snap.position:,} / {snap.length:,}"
+    where = f"record {snap.position:,} / {snap.length:,}"
+    if snap.position:
+        where += f" (engine step {snap.step:,})"
     print(f"saved {out}: the replay at {where}, {size[0]}x{size[1]}")
     return 0
 
@@ -328,7 +344,9 @@ async def replay_to(app: KvscopeApp, at: int, timeout: float = 60.0) -> None:
         replies = main.chat.replies()
         received = [c.received for r in replies for c in r.copies]
         now = (len(replies), received, app.telemetry.steps_version, main.bar.words)
-        still = still + 1 if now == seen else 0
+        # A send the screen has not taken in yet (its reply still being mounted) is not
+        # seen in the replies: none may be pending, however still the rest looks.
+        still = still + 1 if now == seen and main.sends_pending == 0 else 0
         seen = now
     # The engine panel looks at the host's load once a second: once more, on these steps.
     await asyncio.sleep(HOST_CHECK_S)

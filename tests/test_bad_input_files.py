@@ -583,5 +583,5 @@ def test_a_tape_at_the_edges_of_its_bounds_replays(
     svg = tmp_path / "edges.svg"
     code, out, err = run_main(capfd, "replay", str(path), "--svg", str(svg), "--at", "10")
     assert code == 0, err
-    assert out.startswith(f"saved {svg}: the replay at step 10 / 705")
+    assert out.startswith(f"saved {svg}: the replay at record 10 / 705")
     assert svg.stat().st_size > 10_000

@@ -234,7 +234,10 @@ def test_a_torn_last_line_is_a_warning_and_the_rest_replays(tmp_path: Path) -> N
     [
         (["--speed", "0"], "Bad value for --speed: 0.0 is not a speed"),
         (["--at", "3"], "Bad value for --at: it picks the step for --svg"),
-        (["--svg", "OUT", "--at", "9999"], "9,999 is not a step of this tape: it has 0 to 705"),
+        (
+            ["--svg", "OUT", "--at", "9999"],
+            "9,999 is not a step record of this tape: it has 0 to 705",
+        ),
         (["--svg", "/no/such/folder/x.svg"], "the folder /no/such/folder does not exist"),
         (["--svg", "OUT", "--size", "big"], "'big' is not WIDTHxHEIGHT"),
         (["--json", "--svg", "OUT"], "not allowed with argument"),
@@ -262,10 +265,13 @@ def test_svg_at_a_step_is_saved_headless_with_no_vllm(tmp_path: Path) -> None:
         "replay", str(POOL), "--svg", str(out_svg), "--at", "300", "--size", "120x36"
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == f"saved {out_svg}: the replay at step 300 / 705, 120x36"
+    assert (
+        out.stdout.strip()
+        == f"saved {out_svg}: the replay at record 300 / 705 (engine step 820), 120x36"
+    )
     svg = out_svg.read_text()
     for words in (
-        "step&#160;300&#160;/&#160;705",
+        "record&#160;300&#160;/&#160;705&#160;·&#160;engine&#160;step&#160;820",
         "paused",
         "r2.2",
         "+4&#160;more&#160;requests",

@@ -89,7 +89,7 @@ async def test_a_seek_shows_the_block_map_and_the_chat_of_that_step(pool: Tape) 
     app = replay_app(pool)
     async with app.run_test(size=WIDE) as pilot:
         main = await playing(pilot)
-        assert main.bar.words == f"step 0 / {len(pool.steps)} · 1x · paused"
+        assert main.bar.words == f"record 0 / {len(pool.steps)} · 1x · paused"
         assert main.chat.replies() == []
         main.replay.seek(AT)
         await shown(pilot)
@@ -123,7 +123,7 @@ async def test_a_seek_shows_the_block_map_and_the_chat_of_that_step(pool: Tape) 
         ]
         assert copies.copies[0].received == 235
         assert "Tell me a long story." in main.chat.transcript_text()
-        assert main.bar.words == f"step {AT} / {len(pool.steps)} · 1x · paused"
+        assert main.bar.words == f"record {AT} / {len(pool.steps)} · engine step 820 · 1x · paused"
 
 
 async def test_keys_pause_step_rewind_and_reach_the_end(pool: Tape) -> None:
@@ -135,7 +135,9 @@ async def test_keys_pause_step_rewind_and_reach_the_end(pool: Tape) -> None:
 
         await pilot.press("right", "right")
         await shown(pilot)
-        assert replay.position == 2 and main.bar.words == f"step 2 / {length} · 1x · paused"
+        assert replay.position == 2 and main.bar.words.startswith(
+            f"record 2 / {length} · engine step "
+        )
         assert [r.title for r in main.chat.replies()] == ["assistant · r1"]
 
         replay.seek(AT)
@@ -164,7 +166,10 @@ async def test_keys_pause_step_rewind_and_reach_the_end(pool: Tape) -> None:
         assert replay.position == 0 and replay.paused and replay.max_gap_s is None
         await pilot.press("end")
         await shown(pilot)
-        assert replay.ended and main.bar.words == f"step {length} / {length} · 1x · end of tape"
+        assert replay.ended and main.bar.words.startswith(
+            f"record {length} / {length} · engine step "
+        )
+        assert main.bar.words.endswith(" · 1x · end of tape")
         assert replay.paused and replay.max_gap_s is None  # as it was before End
         first, copies = main.chat.replies()
         assert first.done and copies.done

@@ -130,6 +130,9 @@ class ReplayScreen(MainScreen):
         self._generation = 0
         self._to_end: tuple[bool, float | None] | None = None  # End pressed: (paused, gap)
         self._removers: list[Callable[[], None]] = []
+        self.sends_pending = 0
+        """Sends the replay handed over that the screen has not taken in yet (`--svg`
+        waits for none before it saves the screen)."""
 
     def compose(self) -> ComposeResult:
         for widget in super().compose():
@@ -146,6 +149,7 @@ class ReplayScreen(MainScreen):
         tape = self.replay.tape
         note = Static(replay_note(self.tape_name, tape.created if tape else ""), id="replay-note")
         self.chat.mount(note)
+        self.controls.make_read_only()
         self.call_after_refresh(self.bar.focus)
         replay = self.replay
         self._removers = [
@@ -166,6 +170,7 @@ class ReplayScreen(MainScreen):
 
     # -- from the replay engine (on this loop, in tape order) ------------------------------
     def _on_send(self, send: ReplayedSend) -> None:
+        self.sends_pending += 1
         self.post_message(ReplaySent(send, self._generation))
 
     def _on_rewind(self, position: int) -> None:
@@ -216,8 +221,13 @@ class ReplayScreen(MainScreen):
             self.notify(exc.plain(), title="Replay", severity="error")
 
     async def on_replay_sent(self, message: ReplaySent) -> None:
-        if message.generation == self._generation:
-            await self._show_send(message.send)
+        try:
+            # Not once the app is exiting (after `--svg` saved the screen): nothing can be
+            # mounted then, and Textual would call it an error.
+            if message.generation == self._generation and self.is_attached:
+                await self._show_send(message.send)
+        finally:
+            self.sends_pending -= 1
 
     async def _show_send(self, send: ReplayedSend) -> None:
         """What `send()` shows for a user's Enter, for a send of the tape."""
@@ -228,6 +238,17 @@ class ReplayScreen(MainScreen):
                 await self.chat.add_user_message(message.text)
             return
         ids = [r.request_id for r in send.requests]
+        first = send.requests[0]
+        self.controls.show_tape_send(
+            ids[0],
+            synthetic_tokens=(
+                message.synthetic_tokens
+                if message is not None
+                else (send.recorded[0].prompt_tokens if first.prompt_token_ids else None)
+            ),
+            copies=len(ids),
+            sampling=first.sampling,
+        )
         if message is not None:
             text, synthetic = message.text, message.synthetic_tokens
             note, title = send_labels(ids, synthetic)
@@ -253,21 +274,26 @@ class ReplayScreen(MainScreen):
             )
 
     async def on_replay_rewound_to(self, message: ReplayRewoundTo) -> None:
+        if not self.is_attached:
+            return  # the app is exiting: there is nothing left to clear
         self.workers.cancel_group(self, "requests")
         self.current = None
         forget_session(self.telemetry)
         self.engine_panel.reset()
         self.conversation.clear()
         await self.chat.clear()
+        self.controls.show_tape_send(None)
 
     async def on_replay_new_chat(self, message: ReplayNewChat) -> None:
-        if message.generation == self._generation:
+        if message.generation == self._generation and self.is_attached:
             await self.action_new_chat()
 
     # -- what the user may do --------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("new_chat", "restart_engine", "stop"):
             return False  # the tape decides; a replay has nothing to restart or stop
+        if action in ("toggle_synthetic", "prompt_length", "load_users"):
+            return False  # the controls show the tape's send, read-only: off the footer
         return super().check_action(action, parameters)
 
     async def send(self, text: str, *, synthetic: bool | None = None) -> bool:

@@ -65,6 +65,10 @@ class ControlsPanel(VerticalScroll):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self._touched_slider = False
+        self._read_only = False
+        self._defaults: tuple[int, bool, int, str, str] | None = None  # as a replay opened
+        self.replay_words = ""
+        """In a replay: whose settings the panel shows ("" live), as its boxes say."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="model-box", classes="box") as box:
@@ -219,11 +223,13 @@ class ControlsPanel(VerticalScroll):
         self.synthetic_tokens = n if on else None
         state = self.query_one("#synthetic-state", Static)
         state.set_class(on, "-on")
-        state.update(
-            Text(f"ON: Enter sends {n:,} synthetic tokens")
-            if on
-            else Text("OFF: Enter sends your message as chat")
-        )
+        if self._read_only:  # a replay: what the tape's send was, not what Enter does
+            words = f"ON: the send was {n:,} synthetic tokens" if on else "OFF: the send was chat"
+        elif on:
+            words = f"ON: Enter sends {n:,} synthetic tokens"
+        else:
+            words = "OFF: Enter sends your message as chat"
+        state.update(Text(words))
         card = self.card
         fit = self.query_one("#fit-line", Static)
         if card is None:
@@ -240,8 +246,65 @@ class ControlsPanel(VerticalScroll):
             )
         )
 
+    # -- a replay: the tape's settings, read-only ------------------------------------------
+    def make_read_only(self) -> None:
+        """A replay: nothing here takes a key or a click, and the send button goes. The
+        boxes say whose settings they show (`show_tape_send`)."""
+        for widget in (
+            *self.query(Input),
+            *self.query(Switch),
+            *self.query(CountStepper),
+            self.slider,
+        ):
+            widget.disabled = True
+        self._read_only = True
+        self.query_one("#send-synthetic").display = False
+        self.query_one("#load-hint").display = False
+        self.show_tape_send(None)
+
+    def show_tape_send(
+        self,
+        request_id: str | None,
+        *,
+        synthetic_tokens: int | None = None,
+        copies: int = 1,
+        sampling: SamplingSettings | None = None,
+    ) -> None:
+        """Show the settings of the tape's send `request_id` (None: before its first send,
+        where the panel's values are its defaults, not the tape's, and it says so)."""
+        tape = f"{request_id}'s, from the tape" if request_id is not None else None
+        theirs = "not the tape's: no send yet"
+        if request_id is not None and sampling is not None:
+            if self._defaults is None:  # what a rewind to the start puts back
+                self._defaults = (
+                    self.slider.value,
+                    self.synthetic,
+                    self.concurrency,
+                    self.query_one("#max-tokens", Input).value,
+                    self.query_one("#temperature", Input).value,
+                )
+            self._touched_slider = True  # a card arriving later must not move it back
+            if synthetic_tokens is not None:
+                self.slider.value = synthetic_tokens
+            self.synthetic = synthetic_tokens is not None
+            self.concurrency = copies
+            self.query_one("#max-tokens", Input).value = str(sampling.max_tokens)
+            self.query_one("#temperature", Input).value = f"{sampling.temperature:g}"
+        elif self._defaults is not None:  # rewound before the first send: as it opened
+            value, on, copies, max_tokens, temperature = self._defaults
+            self.slider.value, self.synthetic, self.concurrency = value, on, copies
+            self.query_one("#max-tokens", Input).value = max_tokens
+            self.query_one("#temperature", Input).value = temperature
+        for box in ("#sampling-box", "#prompt-box", "#concurrency-box"):
+            self.query_one(box).border_subtitle = tape or theirs
+        # The live load is the playground's own traffic, never a setting a tape replays.
+        self.query_one("#load-box").border_subtitle = "not replayed"
+        self.replay_words = f"{tape or theirs} · load not replayed"
+        self._sync_synthetic()
+
     def watch_estimate_text(self, text: str) -> None:
         box = self.query_one("#send-estimate", Static)
+        text = "" if self._read_only else text  # a replay sends nothing: no next send
         box.display = bool(text)
         box.update(Text(text))
 

@@ -1,4 +1,9 @@
-"""ReplayBar: where a replay is on its tape, in one line: "step 118 / 526 · 1x · playing"."""
+"""ReplayBar: where a replay is on its tape, in one line:
+"record 118 / 526 · engine step 340 · 1x · playing".
+
+Two numbers, each named: the tape's step records handed over (what `replay --at` counts)
+and the engine's own number of the last one (what the Engine panel's status line says).
+"""
 
 from __future__ import annotations
 
@@ -34,12 +39,18 @@ def clock_words(seconds: float) -> str:
     return f"{int(minutes)}:{rest:04.1f}"
 
 
+def where_words(position: ReplayPosition) -> str:
+    """ "record 61 / 705 · engine step 580": the tape's step records played (what `--at`
+    counts), and the engine's number of the last one (the status line's)."""
+    words = f"record {position.position:,} / {position.length:,}"
+    if position.position:
+        words += f" · engine step {position.step:,}"
+    return words
+
+
 def bar_words(position: ReplayPosition) -> str:
     """The bar's words without the picture (for tests, and the widest part of it)."""
-    return (
-        f"step {position.position:,} / {position.length:,} · {speed_words(position.speed)} · "
-        f"{state_words(position)}"
-    )
+    return f"{where_words(position)} · {speed_words(position.speed)} · {state_words(position)}"
 
 
 class ReplayBar(Widget):
@@ -99,7 +110,7 @@ class ReplayBar(Widget):
             return Text(f"replay · {self.tape_name} · reading the tape…")
         glyph = "■" if position.ended else ("‖" if position.paused else "▶")
         text = Text()
-        text.append(f"{glyph} replay · step {position.position:,} / {position.length:,} · ")
+        text.append(f"{glyph} replay · {where_words(position)} · ")
         text.append(f"{speed_words(position.speed)} · ")
         text.append(state_words(position), self.get_component_rich_style("replay-bar--state"))
         times = f"  {clock_words(position.time_s)} / {clock_words(position.duration_s)}"

@@ -1,0 +1,167 @@
+"""A replay says what the tape says (#31 item 13): the controls show the replayed send's
+settings, read-only (or say they are not the tape's); the footer offers no key that
+would change them; the bar names both the tape's record and the engine's step, and
+`--at` says which it takes; `--svg` never says "saved" after an error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from test_tui_replay import POOL, playing, replay_app, shown
+from tui_helpers import WIDE
+
+from cli.main import main
+from engine.tape import Tape, read_tape
+from tui.widgets.count_stepper import CountStepper
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tui.app import KvscopeApp
+
+AT = 300
+"""A step of the 8-copy send (r2: 512 synthetic tokens, 384 out, 8 copies)."""
+
+
+@pytest.fixture(scope="module")
+def pool() -> Tape:
+    return read_tape(POOL)
+
+
+def footer_keys(app: KvscopeApp) -> set[str]:
+    """The actions the footer offers now (what Textual shows: enabled and shown)."""
+    return {
+        b.binding.action
+        for b in app.screen.active_bindings.values()
+        if b.binding.show and b.enabled
+    }
+
+
+async def test_the_controls_show_the_replayed_send_read_only(pool: Tape) -> None:
+    send = next(r for r in pool.requests if r.request_id == "r2")
+    max_tokens = send.request.sampling.max_tokens
+    assert max_tokens != 128  # the panel's own default: a panel left alone would pass
+    app = replay_app(pool)
+    async with app.run_test(size=WIDE) as pilot:
+        main = await playing(pilot)
+        controls = main.controls
+        # Before the tape's first send: nothing in the panel is the tape's, and it says so.
+        assert "not the tape's" in controls.replay_words
+        main.replay.seek(AT)
+        await shown(pilot)
+        assert controls.concurrency == 8
+        assert controls.synthetic and controls.prompt_tokens == 512
+        assert controls.max_tokens == max_tokens
+        assert "r2" in controls.replay_words and "from the tape" in controls.replay_words
+        # Read-only: nothing in the panel takes a key or a click, the send button is gone.
+        assert controls.query_one("#concurrency", CountStepper).disabled
+        assert controls.slider.disabled
+        assert not controls.query_one("#send-synthetic").display
+        # Keys that would change the controls are off the footer and do nothing.
+        offered = footer_keys(app)
+        for action in ("toggle_synthetic", "prompt_length(2)", "prompt_length(-2)"):
+            assert action not in offered, action
+        assert not any(a.startswith("load_users") for a in offered)
+        await pilot.press("f7", "ctrl+up", "ctrl+t")
+        await pilot.pause()
+        assert controls.synthetic and controls.prompt_tokens == 512
+        assert controls.query_one("#load-users", CountStepper).value == 0
+        # A rewind to the start: the chat's first send is plain chat, one copy.
+        main.replay.seek(5)
+        await shown(pilot)
+        assert controls.concurrency == 1 and not controls.synthetic
+        assert "r1" in controls.replay_words
+
+
+async def test_the_bar_names_the_record_and_the_engine_step(pool: Tape) -> None:
+    app = replay_app(pool)
+    async with app.run_test(size=WIDE) as pilot:
+        main = await playing(pilot)
+        main.replay.seek(AT)
+        await shown(pilot)
+        step = pool.steps[AT - 1].step
+        assert step != AT  # the two numbers differ: the bar must say which is which
+        assert main.bar.words.startswith(f"record {AT} / {len(pool.steps)} · engine step {step} · ")
+        assert f"step {step}" in main.engine_panel.status_text()
+
+
+def test_at_says_it_counts_the_bars_records(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--at RECORD" in out
+    assert "not the engine's step number" in out
+
+
+def test_svg_is_never_saved_after_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The race of the bug report, made certain: sends the screen takes in after the
+    # screenshot, while the app exits (a late rewind and the tape's sends again).
+    import cli.replay as cli_replay
+
+    real = cli_replay.replay_to
+
+    async def late(app: KvscopeApp, at: int, timeout: float = 60.0) -> None:
+        await real(app, at, timeout)
+        replay = app.main_screen.replay  # type: ignore[attr-defined]
+        replay.seek(0)
+        replay.seek(at)
+
+    monkeypatch.setattr(cli_replay, "replay_to", late)
+    svg = tmp_path / "x.svg"
+    code = main(["replay", str(POOL), "--svg", str(svg), "--at", "300", "--size", "80x24"])
+    out, err = capfd.readouterr()
+    assert "MountError" not in out + err
+    assert code == 0 and out.startswith(f"saved {svg}")
+
+
+def test_svg_says_the_error_and_not_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # An error inside the app right after the screenshot was taken: exit 1, no "saved".
+    from tui.app import KvscopeApp
+    from tui.screens.replay import ReplayScreen
+
+    async def broken(self: ReplayScreen, message: object) -> None:
+        raise RuntimeError("a handler broke")
+
+    real = KvscopeApp.save_screenshot
+
+    def then_break(self: KvscopeApp, *args: object, **kwargs: object) -> str:
+        saved = real(self, *args, **kwargs)  # type: ignore[arg-type]
+        monkeypatch.setattr(ReplayScreen, "on_replay_rewound_to", broken)
+        self.main_screen.replay.seek(0)  # type: ignore[attr-defined]
+        return saved
+
+    monkeypatch.setattr(KvscopeApp, "save_screenshot", then_break)
+    svg = tmp_path / "x.svg"
+    code = main(["replay", str(POOL), "--svg", str(svg), "--at", "300", "--size", "80x24"])
+    out, err = capfd.readouterr()
+    assert code == 1
+    assert "saved" not in out
+    assert "a handler broke" in err
+
+
+async def test_the_replayed_preemption_note_is_whole_at_160x48(pool: Tape) -> None:
+    from rich.console import Console
+    from rich.text import Text
+    from textual.widgets import Static
+
+    first = next(i for i, s in enumerate(pool.steps) if s.preemptions)
+    app = replay_app(pool)
+    async with app.run_test(size=WIDE) as pilot:
+        main = await playing(pilot)
+        note = main.engine_panel.query_one("#preempt-note", Static)
+        # From the preemption on, as the recomputation's cost becomes known: each note
+        # must fit its box (at the end of this tape a cut one lost "(4,226 ms)."), at 58 columns.
+        for position in (first + 1, len(pool.steps)):
+            main.replay.seek(position)
+            await shown(pilot)
+            words = main.engine_panel.preemption_text()
+            assert words
+            width = note.content_size.width
+            lines = Text(words).wrap(Console(width=width), width)
+            assert note.content_size.height >= len(lines), (position, words)
