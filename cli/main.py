@@ -236,6 +236,23 @@ def subcommand(
     return add
 
 
+def refuse_unknown_flags(args: argparse.Namespace, engine_argv: list[str]) -> None:
+    """A flag neither kvscope's parser nor any vLLM source names, refused at once: vLLM's
+    own parser would say the same after 10-20 s of importing vLLM and torch. Only where
+    the flags go to an in-process vLLM: --fake, --url, --replica and --compare-urls say
+    in their own words that engine flags do not apply to them."""
+    if not engine_argv or any(
+        getattr(args, name, None) for name in ("fake", "url", "replica", "compare_urls")
+    ):
+        return
+    from engine.errors import UnknownFlag
+    from engine.vllm.flag_names import surely_unknown
+
+    unknown = surely_unknown(engine_argv)
+    if unknown is not None:
+        raise UnknownFlag(unknown)
+
+
 def _parser(add_parser: Callable[[Any], object]) -> OneLineParser:
     """`kvscope` with the one subcommand `add_parser` adds, so that its --help and its
     errors say `kvscope NAME`."""
@@ -252,7 +269,9 @@ def _parser(add_parser: Callable[[Any], object]) -> OneLineParser:
 def _generate(argv: list[str]) -> int:
     from cli.generate import add_generate_parser, run_generate
 
-    return run_generate(*_parser(add_generate_parser).parse_known_args(argv))
+    args, engine_argv = _parser(add_generate_parser).parse_known_args(argv)
+    refuse_unknown_flags(args, engine_argv)
+    return run_generate(args, engine_argv)
 
 
 @subcommand(
@@ -261,7 +280,9 @@ def _generate(argv: list[str]) -> int:
 def _bench(argv: list[str]) -> int:
     from cli.bench import add_bench_parser, run_bench
 
-    return run_bench(*_parser(add_bench_parser).parse_known_args(argv))
+    args, engine_argv = _parser(add_bench_parser).parse_known_args(argv)
+    refuse_unknown_flags(args, engine_argv)
+    return run_bench(args, engine_argv)
 
 
 @subcommand("roofline", "predicted TTFT/ITL floors and KV capacity for a model on a GPU")
@@ -293,7 +314,9 @@ def _replay(argv: list[str]) -> int:
 def _doctor(argv: list[str]) -> int:
     from cli.doctor import add_doctor_parser, run_doctor
 
-    return run_doctor(*_parser(add_doctor_parser).parse_known_args(argv))
+    args, engine_argv = _parser(add_doctor_parser).parse_known_args(argv)
+    refuse_unknown_flags(args, engine_argv)
+    return run_doctor(args, engine_argv)
 
 
 @subcommand("engine-help", "list every vLLM engine flag")
@@ -310,6 +333,7 @@ def _engine_help(_argv: list[str]) -> int:
 
 def _playground(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
+    refuse_unknown_flags(args, engine_argv)
     from cli.launch import quiet_native_warnings
 
     quiet_native_warnings()

@@ -190,26 +190,43 @@ def test_an_empty_name_before_equals_is_called_empty(tmp_path: Path, flags: list
 
 
 def _vllm_marker(tmp_path: Path) -> tuple[Path, Path]:
-    """A `vllm` package first on the path that leaves a file when imported, then fails
-    as a vLLM that does not load would: whether a command imported vLLM is then a file."""
-    fake = tmp_path / "fake-vllm"
-    (fake / "vllm").mkdir(parents=True)
+    """A `sitecustomize` that leaves a file, and stops the import, when anything of vLLM
+    past its package (`vllm.*`) or torch is imported: whether a command imported vLLM is
+    then a file. Looking the package up (find_spec("vllm")) imports none of it."""
+    site = tmp_path / "site"
+    site.mkdir()
     marker = tmp_path / "vllm-was-imported"
-    (fake / "vllm" / "__init__.py").write_text(
-        f"open({str(marker)!r}, 'w').close()\nraise ImportError('fake vllm for a test')\n"
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('vllm.'):\n"
+        f"            open({str(marker)!r}, 'w').close()\n"
+        "            raise ImportError(name + ' imported where a test forbids it')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Watch())\n"
     )
-    return fake, marker
+    return site, marker
 
 
 @pytest.mark.parametrize("command", [["doctor"], ["doctor", "--json"], ["bench"], ["generate"], []])
 def test_an_unknown_flag_is_refused_before_vllm_is_imported(
     tmp_path: Path, command: list[str]
 ) -> None:
-    fake, marker = _vllm_marker(tmp_path)
-    run = _kvscope(tmp_path, *command, "--bogus", PYTHONPATH=str(fake))
+    site, marker = _vllm_marker(tmp_path)
+    run = _kvscope(tmp_path, *command, "--bogus", PYTHONPATH=str(site))
     assert run.returncode in (1, 2), run.stdout[-2000:]
-    one_line(run.stderr, "Unknown flag: --bogus")
+    one_line(run.stderr, "Unknown flag: --bogus", "kvscope engine-help")
     assert not marker.exists(), "vLLM was imported before --bogus was refused"
+
+
+def test_a_real_vllm_flag_still_goes_to_vllm(tmp_path: Path) -> None:
+    """The quick refusal judges only names no vLLM source has: a real flag, or an
+    abbreviation of one, is left to vLLM's parser (here it is imported, and stopped)."""
+    site, marker = _vllm_marker(tmp_path)
+    run = _kvscope(tmp_path, "doctor", "--max-model", "64", PYTHONPATH=str(site))
+    assert "Unknown flag" not in run.stderr + run.stdout
+    assert marker.exists()
 
 
 def test_doctor_with_a_missing_home_does_not_create_it(tmp_path: Path) -> None:
