@@ -165,6 +165,9 @@ class Diagnosis:
     executor: str
     kv_cache: str
     advice: str
+    files: str = "not checked"
+    """Where kvscope keeps what it makes (the converted model, the engine log), or why
+    it cannot (a HOME that does not exist is never created)."""
 
     def lines(self) -> list[str]:
         rows = [
@@ -175,6 +178,7 @@ class Diagnosis:
             ("async scheduling", self.async_scheduling),
             ("executor", self.executor),
             ("KV cache", self.kv_cache),
+            ("files", self.files),
         ]
         return [
             f"kvscope doctor: {self.summary}",
@@ -208,7 +212,32 @@ def gather(engine_argv: list[str]) -> Diagnosis:
     gpus = gpu_view()
     # Only where it decides something: a CUDA build on a box with a GPU.
     linked = linked_cuda() if found and not is_cpu_build(*found) and gpus.devices else None
-    return diagnose(found, gpus, gpu_processes(), plan, host_memory(), linked=linked, broken=broken)
+    found_all = diagnose(
+        found, gpus, gpu_processes(), plan, host_memory(), linked=linked, broken=broken
+    )
+    files = files_words()
+    if files.startswith("HOME (") and found_all.advice.startswith("ready"):
+        # Not ready: the embedded model is converted into the cache on first use.
+        advice = "set HOME to a folder that exists, or KVSCOPE_CACHE_DIR=FOLDER: " + (
+            "kvscope keeps the converted model and its engine log there"
+        )
+        return dataclasses.replace(found_all, files=files, advice=advice)
+    return dataclasses.replace(found_all, files=files)
+
+
+def files_words() -> str:
+    """Where kvscope's files go, said without creating anything (doctor makes no folder)."""
+    from engine.paths import cache_dir, fallback_log_dir, missing_home
+
+    folder = cache_dir()
+    home = missing_home()
+    if home is not None and (folder == home or home in folder.parents):
+        return (
+            f"HOME ({home}) does not exist, and kvscope does not create it: its cache "
+            f"({folder}) cannot be made, so the engine log goes to {fallback_log_dir()} and "
+            "the embedded model cannot be converted; set HOME, or KVSCOPE_CACHE_DIR=FOLDER"
+        )
+    return f"{folder}" + ("" if folder.is_dir() else " (made on first use)")
 
 
 def _plan(engine_argv: list[str]) -> EnginePlan:

@@ -41,11 +41,22 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("kvscope"))
 
 
+def missing_home() -> Path | None:
+    """$HOME when it is set but is no folder (`HOME=/nonexistent`, a service account):
+    kvscope never creates it, since a home made by a program belongs to no one's plan."""
+    home = os.environ.get("HOME")
+    if not home:
+        return None
+    path = Path(home)
+    return None if path.is_dir() else path
+
+
 def private_dir(folder: Path) -> Path:
     """Create `folder` and any missing parent, each 0700 whatever the umask.
 
     A folder that is already there is left as it is: it may be the user's own (the
-    working folder, /tmp), and its mode is theirs to choose. Raises OSError.
+    working folder, /tmp), and its mode is theirs to choose. A missing $HOME is never
+    created (FileNotFoundError, in words). Raises OSError.
     """
     missing: list[Path] = []
     here = folder
@@ -54,6 +65,11 @@ def private_dir(folder: Path) -> Path:
         if here.parent == here:
             break
         here = here.parent
+    home = missing_home()
+    if home is not None and home in missing:
+        raise FileNotFoundError(
+            errno.ENOENT, f"HOME ({home}) does not exist, and kvscope does not create it"
+        )
     for path in reversed(missing):
         try:
             path.mkdir(mode=PRIVATE_DIR_MODE)

@@ -238,6 +238,8 @@ def test_doctor_with_a_missing_home_does_not_create_it(tmp_path: Path) -> None:
     assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
     assert "Traceback" not in run.stderr
     assert f"HOME ({home}) does not exist" in run.stdout + run.stderr
+    # Not "ready": the embedded model is converted into that cache on first use.
+    assert "advice: set HOME to a folder that exists" in run.stdout
 
 
 def test_replicas_refuse_one_server_under_two_names(tmp_path: Path) -> None:

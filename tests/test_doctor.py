@@ -205,5 +205,5 @@ def test_without_a_gpu_or_without_vllm() -> None:
     assert outside.advice.startswith("vLLM 0.40.0 is outside the versions kvscope was checked")
     assert set(json.loads(json.dumps(cpu.as_json()))) == {
         "summary", "vllm", "device", "driver", "gpu_processes", "async_scheduling",
-        "executor", "kv_cache", "advice",
+        "executor", "kv_cache", "advice", "files",
     }  # fmt: skip
