@@ -6,6 +6,7 @@ would change them; the bar names both the tape's record and the engine's step, a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -17,10 +18,9 @@ from engine.tape import Tape, read_tape
 from tui.widgets.count_stepper import CountStepper
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from tui.app import KvscopeApp
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 AT = 300
 """A step of the 8-copy send (r2: 512 synthetic tokens, 384 out, 8 copies)."""
 
@@ -165,3 +165,68 @@ async def test_the_replayed_preemption_note_is_whole_at_160x48(pool: Tape) -> No
             width = note.content_size.width
             lines = Text(words).wrap(Console(width=width), width)
             assert note.content_size.height >= len(lines), (position, words)
+
+
+# -- #31 item 15: an emulated GPU whose pool is the pool itself --------------------------
+
+
+async def test_an_emulated_pool_that_is_the_pool_says_g_equals_k() -> None:
+    import dataclasses
+
+    from test_tui_widgets import CARD, Host
+
+    from engine.events import EmulationInfo
+    from tui.widgets.prompt_length_slider import PromptLengthSlider, consequences, walls_for
+
+    # --emulate-gpu l4 at full scale: the pool here IS the L4's, so G would sit on K.
+    pool = CARD.total_blocks * CARD.block_size
+    card = dataclasses.replace(
+        CARD, emulation=EmulationInfo("L4", "qwen2.5-7b", pool_tokens=pool, kv_bytes_per_token=1)
+    )
+    for copies in (1, 4):
+        walls = walls_for(card, copies, 128)
+        assert [w.kind for w in walls].count("gpu") == 0, copies  # one wall, not two
+        k = next(w for w in walls if w.kind == "kv_pool")
+        assert consequences([k]) == [
+            "past the KV pool here and on a real L4: requests will be preempted/queued"
+        ]
+    slider = PromptLengthSlider(value=1600)
+    async with Host(slider).run_test(size=(60, 16)) as pilot:
+        slider.card = card
+        await pilot.pause()
+        text = str(slider.render())
+        assert "G = K (the pool is sized as the L4's)" in text
+        assert "G L4 KV pool" not in text
+
+
+async def test_the_preemption_recipe_preempts_in_under_two_minutes() -> None:
+    # The help's and the README's recipe, key by key, on the engine `kvscope --fake`
+    # runs (FakeConfig's defaults), on virtual time: the first preemption comes well
+    # inside the two minutes a presenter has.
+    from tui_helpers import engine_ready, make_app, wait_until
+
+    from engine.clock import VirtualClock
+    from engine.fake import FakeConfig, FakeEngine
+    from tui.screens.help import PANELS_TEXT, PREEMPTION_RECIPE_KEYS
+
+    readme = README.read_text()
+    words = " ".join(PANELS_TEXT.split())
+    for text in (words, " ".join(readme.split())):
+        assert "kvscope --fake" in text and "preempt" in text
+        for keys in PREEMPTION_RECIPE_KEYS:
+            assert keys in text, keys
+    clock = VirtualClock()
+    app = make_app(engine=FakeEngine(FakeConfig(prefix_caching=True), clock=clock))
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        start = clock.now()
+        await pilot.press("f7", "f4", "tab", *["right"] * 7, "f2", "enter")
+        await wait_until(
+            pilot,
+            lambda: bool(main.engine_panel.preemption_text()),
+            timeout=60,
+            what="a preemption",
+        )
+        assert main.controls.concurrency == 8 and main.controls.synthetic
+        assert clock.now() - start < 120

@@ -74,6 +74,13 @@ A request's status reads: *submitted*, *queued by the scheduler (token budget)*,
 for KV blocks* (only when fewer blocks are free than it needs), *prefilling (chunk k of
 n)*, *decoding*, or *preempted*.
 
+**Preemption in under two minutes** (`kvscope --fake`, or any engine): F7 turns the slider
+on (512 tokens); F4, then Tab, focuses Concurrency, and → seven times makes it 8 copies
+(the line under it says how many fit and how many will queue or preempt); F2, then Enter,
+sends them. Within seconds the status line says "⚠ Step N preempted …", the block map
+fills and the KV plot marks it. On a real engine's bigger pool, raise the slider (ctrl+↑)
+until the line under Concurrency says "will queue or preempt".
+
 Below 120 columns the panels become tabs: F2 Chat, F3 Engine, F4 Controls.
 
 **Tapes.** Every session is recorded to a tape (the toast at start says where; `--no-tape`
@@ -82,6 +89,9 @@ engine: the bar under the panels says the step and whether it plays; Space pause
 step, Home End jump. `kvscope --resume` puts the last chat back, footers included, on a
 fresh engine; a reply a crash cut short is marked interrupted.
 """
+
+PREEMPTION_RECIPE_KEYS = ("F7", "F4, then Tab", "→ seven times", "F2, then Enter")
+"""The recipe's keys, in order: the help and the README say them (a test presses them)."""
 
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("tab / shift+tab", "Move focus between controls"),

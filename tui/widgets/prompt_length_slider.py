@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -39,6 +40,8 @@ class Wall:
     consequence: str
     inclusive: bool = False
     """The wall's own length is already past it (vLLM refuses a prompt of max_model_len)."""
+    note: str = ""
+    """A line said under the wall's own (K when the emulated GPU's wall is K itself)."""
 
     def passed_by(self, prompt_tokens: int) -> bool:
         return prompt_tokens >= self.tokens if self.inclusive else prompt_tokens > self.tokens
@@ -91,15 +94,27 @@ def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wa
     if card.emulation is not None:
         gpu = card.emulation.gpu
         blocks = card.emulation.pool_tokens // max(1, card.block_size)
-        walls.append(
-            Wall(
-                "gpu",
-                pool_share(blocks, card.block_size, c, max_tokens),
-                "G",
-                f"{gpu} KV pool{share}{out}{eq}",
-                f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
+        g = pool_share(blocks, card.block_size, c, max_tokens)
+        if g == walls[1].tokens:
+            # At full scale the pool here is the GPU's own: G would only sit on K (and be
+            # "off the ruler" twice). One wall, and a line that says why.
+            walls[1] = dataclasses.replace(
+                walls[1],
+                consequence=(
+                    f"past the KV pool here and on a real {gpu}: requests will be preempted/queued"
+                ),
+                note=f"G = K (the pool is sized as the {gpu}'s)",
             )
-        )
+        else:
+            walls.append(
+                Wall(
+                    "gpu",
+                    g,
+                    "G",
+                    f"{gpu} KV pool{share}{out}{eq}",
+                    f"past the {gpu} KV pool: on a real {gpu} requests would be preempted/queued",
+                )
+            )
     # A wall nobody told (a server that says no max_model_len, or no pool) is not drawn;
     # one told but already passed (a pool share under the output) still is.
     told = {"max_model_len": card.max_model_len > 0, "kv_pool": card.total_blocks > 0}
@@ -404,6 +419,8 @@ class PromptLengthSlider(Widget, can_focus=True):
             text.append(
                 f"\n{mark}{wall.marker} {wall.label} {wall.tokens:,}{beyond}", style(component)
             )
+            if wall.note:
+                text.append(f"\n   {wall.note}", style("prompt-length-slider--muted"))
         if passed:
             for line in consequences(passed):
                 text.append(f"\n{line}", style("prompt-length-slider--past"))
