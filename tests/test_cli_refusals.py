@@ -251,3 +251,26 @@ def test_replicas_refuse_one_server_under_two_names(tmp_path: Path) -> None:
     assert run.returncode == 1
     line = one_line(run.stderr, "--replica", "one server", str(port))
     assert "answers" not in line
+
+
+@pytest.mark.parametrize("where", ["dead", "models"])
+def test_router_metrics_that_are_not_a_metrics_page_are_refused_before_the_run(
+    tmp_path: Path, where: str
+) -> None:
+    from hostile_server import HostileServer
+
+    with HostileServer("fail_after", 1000) as router, HostileServer("fail_after", 1000) as b:
+        metrics = {
+            "dead": f"http://127.0.0.1:{_dead_port()}/metrics",
+            "models": f"{router.url}/v1/models",
+        }[where]
+        run = _kvscope(
+            tmp_path, "bench", "--url", router.url, "--replica", f"b={b.url}",
+            "--router-metrics", metrics, "--concurrency", "1,2", "--num-prompts", "2",
+            "--prompt-lens", "16", "--output-len", "2", "--warmup", "0",
+        )  # fmt: skip
+        sent = router.served + b.served
+    assert run.returncode == 1, run.stdout[-2000:]
+    says = {"dead": "connection refused", "models": "not a Prometheus metrics page"}[where]
+    one_line(run.stderr, "--router-metrics", metrics, says)
+    assert sent == 0  # refused before the first request

@@ -92,6 +92,17 @@ def router_counts(text: str) -> dict[str, float]:
     return counts
 
 
+def metrics_page_problem(text: str) -> str | None:
+    """Why `text` is not a Prometheus metrics page (JSON, HTML, nothing), in words with
+    how it starts; None when it is one."""
+    start = f"it starts {text.strip()[:40]!r}" if text.strip() else "it is empty"
+    try:
+        samples = sum(len(f.samples) for f in text_string_to_metric_families(text))
+    except ValueError:
+        return f"{start}, which is not Prometheus text"
+    return None if samples else f"{start}: no metric in it"
+
+
 def from_router_metrics(before: str, after: str, replicas: ReplicaSet) -> Attribution:
     """The worker whose counter rose by one between the two scrapes, if only one did."""
     then = router_counts(before)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from engine.delegating import DelegatingEngine
+from engine.errors import BadOption
 from engine.events import PrefixCacheView, ReplicaServed, RequestFinished
 from engine.fleet.attribution import (
     Attribution,
@@ -27,6 +28,7 @@ from engine.fleet.attribution import (
     from_kv_events,
     from_round_robin,
     from_router_metrics,
+    metrics_page_problem,
     router_counts,
 )
 from engine.fleet.fleet_state import FleetScrapers, FleetState, FleetTracker, http_fetch
@@ -34,6 +36,7 @@ from engine.fleet.prefix_index import FleetPrefixIndex
 from engine.fleet.replica_kv_events import OFF, FleetKvEvents, http_discover
 from engine.fleet.round_robin import RoundRobinEngine
 from engine.remote import RemoteEngine
+from engine.remote.client import describe
 from engine.remote.kv_event_sources import NO_EVENTS
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
 # in; a one-token reply may beat them by a few ms), or the router's counter.
 KV_EVENTS_GRACE_S = 0.5
 ROUTER_METRICS_TIMEOUT_S = 1.0
+ROUTER_CHECK_TIMEOUT_S = 5.0  # the one read before the run: a slow router is not a dead one
 
 
 class FleetEngine(DelegatingEngine):
@@ -204,8 +208,34 @@ class FleetEngine(DelegatingEngine):
     # -- life cycle ---------------------------------------------------------------------------
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
         card = self.inner.start(progress)
+        self.check_router_metrics()
         self.watch()
         return card
+
+    def check_router_metrics(self) -> None:
+        """`router_metrics` read once before any request. A dead address, an error status
+        or a page that is not Prometheus text (/v1/models) would otherwise pass for a
+        counter in use and name no replica, request after request. Raises BadOption."""
+        url = self.router_metrics
+        if not url:
+            return
+        flag = "--router-metrics"
+        try:
+            with httpx.Client(timeout=ROUTER_CHECK_TIMEOUT_S) as client:
+                reply = client.get(url)
+        except httpx.HTTPError as exc:
+            raise BadOption(
+                flag,
+                f"{url} does not answer ({describe(exc)}); give the router's Prometheus "
+                "endpoint (vllm-router --prometheus-port), e.g. http://127.0.0.1:29000/metrics",
+            ) from None
+        if reply.status_code != 200:
+            raise BadOption(
+                flag, f"{url} answered HTTP {reply.status_code}, not a Prometheus metrics page"
+            )
+        problem = metrics_page_problem(reply.text)
+        if problem is not None:
+            raise BadOption(flag, f"{url} is not a Prometheus metrics page: {problem}")
 
     def watch(self) -> None:
         """Start scraping and following every replica (once; `start` does it)."""
