@@ -24,12 +24,17 @@ from tui_helpers import (
     send_chat,
     settle,
     step_sample,
+    wait_until,
 )
 
+from engine.events import RequestAccepted
+from engine.fake import FakeConfig
 from tui import figures
 from tui import format as fmt
 from tui.telemetry.buffers import Telemetry
 from tui.telemetry.host_watch import HostWatch
+from tui.widgets.latency_box import LatencyBox
+from tui.widgets.request_timeline import lay_out
 
 if TYPE_CHECKING:
     from tui.app import KvscopeApp
@@ -192,3 +197,55 @@ def test_a_calm_host_adds_nothing_to_the_key() -> None:
     tel.host.check_load = False  # a GPU engine: the host's load is not the engine's
     tel.host.load_average = lambda: 9.0
     assert tel.host.busy_words() is None
+
+
+# -- 12. the timeline and the `w` line ---------------------------------------------------------
+def test_long_ids_are_cut_to_their_distinct_end() -> None:
+    tel = Telemetry()
+    tel.timeline.per_request = True  # as the fake and vLLM in-process say
+    ids = [f"load-1204576725-1-{k}" for k in (8, 9, 10, 61)]
+    for k, rid in enumerate(ids):
+        tel.add_accepted(RequestAccepted(rid, 32, float(k)))
+    tel.add_sample(step_sample(1, started_at=5.0, prefill=4, duration=0.5))
+    layout = lay_out(tel, 50, 6)
+    labels = [line[0][0].strip() for line in layout.lines[1:]]
+    assert labels == ["…-1-8", "…-1-9", "…-1-10", "…-1-61"], labels
+    # Short IDs are shown whole.
+    tel = Telemetry()
+    tel.timeline.per_request = True
+    for k, rid in enumerate(("r1", "r1.2")):
+        tel.add_accepted(RequestAccepted(rid, 32, float(k)))
+    labels = [line[0][0].strip() for line in lay_out(tel, 50, 4).lines[1:]]
+    assert labels == ["r1", "r1.2"]
+
+
+async def test_w_names_its_request_and_the_timeline_scrolls_to_it() -> None:
+    app = make_app(FakeConfig(reply_words=tuple(f"w{i}" for i in range(40))))
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        main.controls.concurrency = 24  # r1 and 23 copies: r1's row is far above the newest
+        await send_chat(pilot, "hi")
+        await reply_done(pilot)
+        await settle(pilot)
+        box = main.engine_panel.query_one(LatencyBox)
+        rows = len(app.telemetry.timeline.rows)
+        await pilot.press("f6")  # the timeline, focused: the line explains r1's worst token
+        await settle(pilot)
+        await wait_until(pilot, lambda: bool(box.spike_text))
+        assert box.mode == "timeline"
+        assert app.telemetry.itl_request == "r1"
+        layout = box.timeline.layout_now()
+        assert len(layout.rows) < rows  # not every row fits: r1's had to be scrolled to
+        assert box.spike_text.startswith("r1: token "), box.spike_text
+        assert "r1" in layout.rows, layout.rows
+        # Scrolling on from there is the user's: the rows follow the keys, and r1 goes.
+        for _ in range(rows):
+            await pilot.press("down")
+        await settle(pilot)
+        assert "r1" not in box.timeline.layout_now().rows
+        # w brings the explained request back into view.
+        await pilot.press("w")
+        await settle(pilot)
+        assert box.spike_text.startswith("r1: token "), box.spike_text
+        assert "r1" in box.timeline.layout_now().rows

@@ -197,7 +197,7 @@ async def test_the_spike_line_stays_when_the_focus_moves_on() -> None:
 
         box = app.main_screen.engine_panel.query_one(LatencyBox)
         words = box.spike_text
-        assert words.startswith("token ")
+        assert words.startswith("r1: token ")
         app.main_screen.chat.input.focus()
         await settle(pilot)
         assert not box.has_focus

@@ -226,7 +226,7 @@ async def test_the_spike_line_names_the_other_requests_prefill_chunk() -> None:
         assert worst is not None
         step = tel.tokens[worst].step
         assert re.fullmatch(
-            rf"token {worst + 1} of {len(tel.tokens)} waited \S+ ms: step {step} also ran "
+            rf"r1: token {worst + 1} of {len(tel.tokens)} waited \S+ ms: step {step} also ran "
             r"a 511-token prefill chunk "
             r"of r1\.2",
             box.spike_text,
@@ -237,7 +237,7 @@ async def test_the_spike_line_names_the_other_requests_prefill_chunk() -> None:
         last = len(tel.tokens) - 1
         assert tel.cursor == last
         assert re.fullmatch(
-            rf"token {last + 1} of {last + 1} waited \S+ ms: step \d+ decoded 2 requests, "
+            rf"r1: token {last + 1} of {last + 1} waited \S+ ms: step \d+ decoded 2 requests, "
             r"and that was the whole wait",
             box.spike_text,
         ), box.spike_text
@@ -379,7 +379,7 @@ async def test_the_timeline_in_the_narrow_layout() -> None:
         text = timeline.as_text().plain.splitlines()
         assert text[1].startswith("r1 ")
         assert text[2].startswith("r1.2 ")
-        assert box.spike_text.startswith("token ")
+        assert box.spike_text.startswith("r1: token ")
 
 
 # -- snapshots -------------------------------------------------------------------------------------

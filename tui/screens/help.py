@@ -42,7 +42,9 @@ by the concurrency, less each copy's max tokens of output (past it requests are 
 or queued; just under it the ruler turns amber), and **G** the emulated GPU's pool when one
 is emulated (its context limit is not emulated: M stays this model's). *Concurrency* sends
 that many copies of each request at once, to fill the pool and provoke preemption; the
-line under it says how many fit. A send that will prefill for long is estimated first.
+line under it says how many fit. A send that will prefill for long is estimated first,
+from a fixed cost plus a per-token rate fitted to this session's prefills (a rough range
+until two prompt lengths are measured; none for a prompt M refuses).
 *Load* runs background traffic: that many users, each sending a synthetic prompt when its
 last one ends (ctrl+t doubles them, ctrl+o stops them); every 10 s of it is one point on
 the engine's *Load* plot, labelled with its users (●8), output tokens/s against median ITL,
@@ -58,7 +60,8 @@ dots empty), KV usage over
 the last 60 s with preemptions marked, ITL per token of the current reply with p50/p90/p99,
 and *latency vs prompt tokens* for every reply of the session: TTFT (•) grows with the
 prompt, median ITL (×) stays flat. A copy that queued behind others is drawn as ◇, with its
-queue time taken off. F9 clears the plots; ctrl+y puts that plot on a log scale.
+queue time taken off; a reply measured while the host was busy is hollow and dim (○ TTFT,
++ ITL). F9 clears the plots; ctrl+y puts that plot on a log scale.
 
 **Latency anatomy.** A finished reply's footer splits its TTFT into queue, its own prefill
 (and in how many chunks), others' work in those steps, and preemption, when the engine
@@ -66,9 +69,11 @@ measures them step by step. F6 turns the ITL plot into the *timeline*: one row p
 time running right, each queued (░), prefilling a chunk (█), decoding (━) or preempted (╳);
 the ruler ticks at every step and ▼ marks the reply's worst ITL. Idle stretches between
 requests are cut to one column (┊). With that box focused, [ and ] (or ← →) move a cursor
-over the reply's tokens, w jumps to the worst, and the line under the box says why that
-token waited: e.g. "token 37 waited 412 ms: step 118 also ran a 2,048-token prefill chunk
-of r4". A remote server shows no steps, so there the cause cannot be known.
+over the reply's tokens, w jumps to the worst, and the line under the box names the reply
+and says why that token waited: e.g. "r5: token 37 waited 412 ms: step 118 also ran a
+2,048-token prefill chunk of r4". The timeline scrolls to that reply's row and keeps it in
+view until ↑ ↓ scroll on; long IDs are cut to their distinct end ("…-1-61"). A remote
+server shows no steps, so there the cause cannot be known.
 
 A request's status reads: *submitted*, *queued by the scheduler (token budget)*, *waiting
 for KV blocks* (only when fewer blocks are free than it needs), *prefilling (chunk k of

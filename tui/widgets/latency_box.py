@@ -108,6 +108,9 @@ class LatencyBox(Vertical):
 
     def _show_spike(self) -> None:
         tel = self.telemetry
+        timeline = self.timeline
+        if timeline.follow is not None and timeline.follow != tel.itl_request:
+            timeline.follow = None  # a new reply: the old one's row need not stay in view
         if not self.has_focus:
             # A kept line is about the reply it was worded for: a new one takes it away.
             if self._spike_request != tel.itl_request:
@@ -121,7 +124,14 @@ class LatencyBox(Vertical):
         if tel.cursor is None:
             words = "no tokens of a reply yet: send a message, then [ and ] step through them"
         else:
+            # Named: under load the timeline is mostly other requests' rows, and a line
+            # about "token 4 of 53" read as one of theirs.
             words = tel.explain_token(tel.cursor)
+            if tel.itl_request is not None:
+                words = f"{tel.itl_request}: {words}"
+                if self.mode == "timeline" and tel.timeline.row(tel.itl_request) is None:
+                    kept = len(tel.timeline.rows)
+                    words += f" (its row is older than the {kept:,} the timeline keeps)"
         self._spike_words = words
         self._spike_request = tel.itl_request
         self.query_one("#spike-line", Static).update(Text(words))
@@ -136,7 +146,13 @@ class LatencyBox(Vertical):
             if start is None and tel.tokens:
                 start = len(tel.tokens) - 1
             tel.set_cursor(start)
+        self._show_explained_row()
         self.redraw()
+
+    def _show_explained_row(self) -> None:
+        """Scroll the timeline to the row of the request the line explains, and keep it
+        there as new rows come in (until the user scrolls on)."""
+        self.timeline.follow = self.telemetry.itl_request
 
     def on_blur(self) -> None:
         # The cursor is shown only while the keys move it.
@@ -156,13 +172,18 @@ class LatencyBox(Vertical):
             return
         start = tel.cursor if tel.cursor is not None else len(tel.tokens) - 1
         tel.set_cursor(start + delta)
+        self._show_explained_row()
         self.redraw()
 
     def action_worst_token(self) -> None:
         self.telemetry.set_cursor(self.telemetry.worst_token())
+        self._show_explained_row()
         self.redraw()
 
     def action_scroll_rows(self, delta: int) -> None:
         timeline = self.timeline
-        timeline.scroll_back = max(0, timeline.scroll_back + delta)
+        # From the row shown now (the kept one's offset), then the user's to move.
+        offset = timeline.layout_now().offset
+        timeline.follow = None
+        timeline.scroll_back = max(0, offset + delta)
         self.redraw()

@@ -202,8 +202,38 @@ def _token_time(tel: Telemetry, index: int) -> float | None:
     return mark.time_s
 
 
-def lay_out(tel: Telemetry, width: int, height: int, offset: int = 0) -> TimelineLayout:
+SEPARATORS = "-._:"
+"""Where an ID's parts meet: a cut label starts at one, so it reads "…-1-61", not "…5-1-61"."""
+
+
+def short_labels(ids: list[str], width: int) -> list[str]:
+    """Each ID in at most `width` cells: whole if it fits, else "…" and its end.
+
+    Load requests are named "load-<seed>-<point>-<n>": cut to their start, every row read
+    "load-12…". Their distinct part is the end, so that is what is kept, from a separator
+    on where the labels stay apart ("…-1-8", "…-1-61"), else as many end cells as fit.
+    """
+    keep = max(1, width - 1)  # the cells after "…"
+    tails = [i if len(i) <= width else i[-keep:] for i in ids]
+    neat = []
+    for rid, tail in zip(ids, tails, strict=True):
+        if len(rid) <= width:
+            neat.append(rid)
+            continue
+        cut = next((k for k, ch in enumerate(tail) if ch in SEPARATORS), None)
+        neat.append(tail[cut:] if cut is not None and cut < len(tail) - 1 else tail)
+    # Cut at separators only if that keeps every label apart (IDs that differ early on).
+    chosen = neat if len(set(neat)) == len(set(ids)) else tails
+    return [c if c == rid else "…" + c for rid, c in zip(ids, chosen, strict=True)]
+
+
+def lay_out(
+    tel: Telemetry, width: int, height: int, offset: int = 0, *, keep: str | None = None
+) -> TimelineLayout:
     """The timeline of `tel` at `width` x `height` cells, `offset` rows back from the newest.
+
+    `keep` names a request whose row must be in view (the one the `w` line explains):
+    the offset moves the least that shows it.
 
     A pure function of the telemetry, so a test can read the picture without drawing it.
     """
@@ -219,9 +249,15 @@ def lay_out(tel: Telemetry, width: int, height: int, offset: int = 0) -> Timelin
         return note("each request gets a row here: send a message")
     n = max(1, height - 1)  # the ruler takes the top line
     offset = max(0, min(offset, len(all_rows) - n))
+    at = next((k for k, r in enumerate(all_rows) if r.request_id == keep), None)
+    if at is not None:
+        # In view when stop - n <= at < stop, with stop = len - offset.
+        offset = max(len(all_rows) - at - n, min(offset, len(all_rows) - at - 1))
+        offset = max(0, min(offset, len(all_rows) - n))
     stop = len(all_rows) - offset
     visible = all_rows[max(0, stop - n) : stop]
     label_w = min(LABEL_MAX, max(len(r.request_id) for r in visible)) + 1
+    labels = short_labels([r.request_id for r in visible], label_w - 1)
     bar_w = width - label_w
     if bar_w < 4:
         return note("too narrow for the timeline")
@@ -258,7 +294,7 @@ def lay_out(tel: Telemetry, width: int, height: int, offset: int = 0) -> Timelin
     lines: list[tuple[Run, ...]] = [
         ((label.ljust(label_w), _c("label")), *_runs(ruler)),
     ]
-    for row in visible:
+    for row, name in zip(visible, labels, strict=True):
         cells: list[tuple[str, str]] = [(" ", _c("empty")) for _ in range(bar_w)]
         best = [0] * bar_w
         for seg in row.segments:
@@ -277,9 +313,6 @@ def lay_out(tel: Telemetry, width: int, height: int, offset: int = 0) -> Timelin
         if mine and cursor_col is not None:
             glyph, comp = cells[cursor_col]
             cells[cursor_col] = (glyph, f"{comp} {_c('cursor')}")
-        name = row.request_id
-        if len(name) >= label_w:
-            name = name[: label_w - 2] + "…"
         lines.append(((name.ljust(label_w), _c("tracked" if mine else "label")), *_runs(cells)))
     parts = ["Timeline"]
     shown = len(visible)
@@ -350,6 +383,9 @@ class RequestTimeline(Widget):
 
     scroll_back: reactive[int] = reactive(0)
     """Rows scrolled back from the newest request (0: the newest is the bottom row)."""
+    follow: reactive[str | None] = reactive(None)
+    """A request whose row is kept in view (the one the `w` line explains), as new rows
+    come in; None once the user scrolls on (↑↓)."""
 
     def __init__(
         self,
@@ -373,6 +409,7 @@ class RequestTimeline(Widget):
             tel.cursor,
             tel.itl_request,
             self.scroll_back,
+            self.follow,
             self.size.width,
             self.size.height,
         )
@@ -381,7 +418,13 @@ class RequestTimeline(Widget):
         """The layout for the current data and size (computed again only after a change)."""
         key = self._key()
         if key != self._layout_key or self._layout is None:
-            layout = lay_out(self.telemetry, self.size.width, self.size.height, self.scroll_back)
+            layout = lay_out(
+                self.telemetry,
+                self.size.width,
+                self.size.height,
+                self.scroll_back,
+                keep=self.follow,
+            )
             self._layout = layout
             self._layout_key = key
             if layout.offset != self.scroll_back:
@@ -394,6 +437,9 @@ class RequestTimeline(Widget):
         return self._key() != self._layout_key
 
     def watch_scroll_back(self) -> None:
+        self.refresh()
+
+    def watch_follow(self) -> None:
         self.refresh()
 
     def as_text(self) -> Text:
