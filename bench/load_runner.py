@@ -103,7 +103,9 @@ def validate(config: LoadConfig) -> None:
                     "--concurrency", f"{int(v):,} users is past the limit of {MAX_CONCURRENCY:,}"
                 )
         else:
-            if math.isnan(v) or v <= 0:
+            if math.isnan(v):
+                raise BadOption("--request-rate", "NaN is not a number of requests/s")
+            if v <= 0:
                 raise BadOption("--request-rate", f"{v:g} is not a positive rate")
             if math.isfinite(v) and v > MAX_RATE:
                 raise BadOption(

@@ -275,6 +275,8 @@ def parse_rates(text: str) -> tuple[float, ...]:
             rate = float(item)
         except ValueError:
             raise BadOption("--request-rate", f"{item!r} is not a number (or inf)") from None
+        if math.isnan(rate):
+            raise BadOption("--request-rate", f"{item!r} is not a number (or inf)")
         rates.append(rate)
     return tuple(rates)
 

@@ -159,6 +159,8 @@ def test_a_rate_that_would_not_send_within_the_run_is_refused(
     [
         (["--goodput", "ttft:nan"], ("'ttft:nan'", "not a number"), "negative"),
         (["--goodput", "tpot:-5"], ("'tpot:-5'", "cannot be negative"), "not a number"),
+        (["--request-rate", "nan"], ("'nan' is not a number",), "positive"),
+        (["--request-rate", "1,NaN"], ("'NaN' is not a number",), "positive"),
         (["--duration", "0"], ("--duration", "must be more than 0 s"), "between"),
         (["--duration", "-3"], ("--duration", "-3 s", "more than 0 s"), "between"),
         (["--duration", "100000"], ("--duration", "100,000 s", "86,400 s (a day)"), "between"),
@@ -167,7 +169,8 @@ def test_a_rate_that_would_not_send_within_the_run_is_refused(
 def test_load_values_are_refused_in_the_right_words(
     tmp_path: Path, flags: list[str], says: tuple[str, ...], not_says: str
 ) -> None:
-    run = _kvscope(tmp_path, "bench", "--fake", "--concurrency", "1,2", *flags, *SMALL)
+    load = [] if "--request-rate" in flags else ["--concurrency", "1,2"]
+    run = _kvscope(tmp_path, "bench", "--fake", *load, *flags, *SMALL)
     assert run.returncode == 1
     line = one_line(run.stderr, *says)
     assert not_says not in line
@@ -274,3 +277,19 @@ def test_router_metrics_that_are_not_a_metrics_page_are_refused_before_the_run(
     says = {"dead": "connection refused", "models": "not a Prometheus metrics page"}[where]
     one_line(run.stderr, "--router-metrics", metrics, says)
     assert sent == 0  # refused before the first request
+
+
+def test_a_dead_replica_is_named_not_the_router_that_answered(tmp_path: Path) -> None:
+    from hostile_server import HostileServer
+
+    dead = f"http://127.0.0.1:{_dead_port()}"
+    with HostileServer("fail_after", 1000) as router:
+        run = _kvscope(
+            tmp_path, "bench", "--url", router.url, "--replica", f"a={dead}",
+            "--concurrency", "1,2", "--num-prompts", "2", "--prompt-lens", "16",
+            "--output-len", "2", "--warmup", "0",
+        )  # fmt: skip
+    assert run.returncode == 1
+    line = one_line(run.stderr, f"No vLLM server answers at {dead}", "replica a")
+    assert "redirect" not in line  # nothing redirected: kvscope asked the replica itself
+    assert f"the router at {router.url} answered" in line

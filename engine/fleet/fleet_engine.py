@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from engine.delegating import DelegatingEngine
-from engine.errors import BadOption
+from engine.errors import BadOption, ServerUnreachable
 from engine.events import PrefixCacheView, ReplicaServed, RequestFinished
 from engine.fleet.attribution import (
     Attribution,
@@ -207,10 +207,26 @@ class FleetEngine(DelegatingEngine):
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self, progress: ProgressCallback | None = None) -> ModelCard:
-        card = self.inner.start(progress)
+        try:
+            card = self.inner.start(progress)
+        except ServerUnreachable as exc:
+            raise self._replica_down(exc) from exc
         self.check_router_metrics()
         self.watch()
         return card
+
+    def _replica_down(self, exc: ServerUnreachable) -> ServerUnreachable:
+        """A start that failed at a replica (the router's engine reads the charted
+        replica's /metrics) says which replica, and that the router answered."""
+        replica = self.replicas.at(exc.url)
+        router = self.router_url or getattr(self.inner, "url", None)
+        if replica is None or router is None or replica.url == router:
+            return exc
+        return ServerUnreachable(
+            exc.url,
+            f"{exc.detail}; it is replica {replica.name}, whose /metrics feed the charts; "
+            f"the router at {router} answered",
+        )
 
     def check_router_metrics(self) -> None:
         """`router_metrics` read once before any request. A dead address, an error status

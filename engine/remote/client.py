@@ -261,6 +261,14 @@ def transport_failure(url: str, exc: httpx.TransportError, timeouts: Timeouts) -
     return ServerUnreachable(url, detail)
 
 
+def _root_of(url: str) -> str:
+    """scheme://host:port of an absolute URL, as `parse_server_url` writes a root."""
+    try:
+        return parse_server_url(url).root.rsplit("/metrics", 1)[0]
+    except BadOption:
+        return url
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -332,7 +340,10 @@ class ServerClient:
             finally:
                 response.close()
         except httpx.TransportError as exc:
-            raise transport_failure(self.url, exc, self.timeouts) from exc
+            # An absolute `path` (a fleet's charted replica's /metrics) is another server:
+            # the failure is its own, not this one's, and no redirect took kvscope there.
+            asked = _root_of(path) if "://" in path else self.url
+            raise transport_failure(asked, exc, self.timeouts) from exc
         except httpx.TooManyRedirects as exc:
             raise ServerUnreachable(self.url, f"too many redirects: {exc}") from exc
         return Answer(response.status_code, response.headers.get("location"), bytes(content))
