@@ -152,10 +152,11 @@ def _check_reachable(config: LoadConfig) -> None:
     if config.mode == "concurrency":
         users = int(max(config.levels))
         if n is not None and users > n:
+            # Named as the count's flag: the playground's form labels it "requests/level".
             raise BadOption(
-                "--concurrency",
-                f"{users:,} users need at least {users:,} requests to all be busy at once: "
-                f"--num-prompts {n:,} sends {n:,} (give --num-prompts {users:,} or more)",
+                "--num-prompts",
+                f"{n:,} requests a level cannot keep {users:,} users busy at once: give at "
+                f"least {users:,}, or fewer users",
             )
         return
     for rate in config.levels:
@@ -177,7 +178,7 @@ def _check_reachable(config: LoadConfig) -> None:
                 "--request-rate",
                 f"{count:,} requests at {rate:g} requests/s take about {_secs(span)} s to send, "
                 f"past the limit of {MAX_DURATION_S:,.0f} s (a day): give at least "
-                f"{count / MAX_DURATION_S:.2g} requests/s or fewer --num-prompts",
+                f"{count / MAX_DURATION_S:.2g} requests/s, or fewer requests",
             )
 
 

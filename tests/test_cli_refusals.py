@@ -88,7 +88,25 @@ def test_a_users_level_past_the_requests_it_sends_is_refused(tmp_path: Path) -> 
         tmp_path, "bench", "--fake", "--concurrency", "1,8", "--num-prompts", "4", *SMALL
     )
     assert run.returncode == 1
-    one_line(run.stderr, "8 users", "--num-prompts 4", "at least 8")
+    one_line(run.stderr, "--num-prompts", "4 requests a level", "8 users", "at least 8")
+
+
+@pytest.mark.parametrize(
+    ("levels", "says"),
+    [
+        ("1e-300 req/s", "load levels: 8 requests at 1e-300 requests/s"),
+        ("1 2 4 16 users", "requests/level: 8 requests a level cannot keep 16 users busy"),
+    ],
+)
+def test_the_playground_load_form_refuses_the_same_levels(levels: str, says: str) -> None:
+    """The F5 load form is checked by the same validate as the flags: a rate that never
+    sends and more users than requests are refused there too, in the form's words."""
+    from tui.sweep.load_view_model import LoadForm, read_load_form
+
+    with pytest.raises(ValueError) as refused:
+        read_load_form(LoadForm(levels=levels), None, seed=1)
+    assert says in str(refused.value)
+    assert "--" not in str(refused.value)
 
 
 # -- item 4: nothing dropped in silence --------------------------------------------------------
