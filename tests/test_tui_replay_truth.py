@@ -230,3 +230,57 @@ async def test_the_preemption_recipe_preempts_in_under_two_minutes() -> None:
         )
         assert main.controls.concurrency == 8 and main.controls.synthetic
         assert clock.now() - start < 120
+
+
+# -- #31 item 16: small words ------------------------------------------------------------
+
+
+def test_the_load_line_counts_users_and_never_runs_past_its_point() -> None:
+    from test_tui_live_load import _point
+
+    from tui.live_load import POINT_S, LiveLoad, point_words
+
+    load = LiveLoad(users=1)
+    load.started_point(1, 100.0)
+    assert load.words(103.0) == f"1 user: point running, 3 of {POINT_S:.0f} s"
+    # Past its 10 s the point waits for its last replies: said, not "15 of 10 s".
+    late = load.words(100.0 + POINT_S + 5)
+    assert f"{POINT_S + 5:.0f} of" not in late
+    assert late.startswith("1 user: finishing the point")
+    assert point_words(_point(1, 40.0, 25.0)).startswith("1 user ")
+    assert point_words(_point(8, 40.0, 25.0)).startswith("8 users ")
+
+
+async def test_max_tokens_0_is_refused_in_a_line() -> None:
+    from textual.widgets import Input
+    from tui_helpers import engine_ready, make_app
+
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        main = app.main_screen
+        main.controls.query_one("#max-tokens", Input).value = "0"
+        await pilot.pause()
+        assert not await main.send("hello")
+        assert main.chat.replies() == []
+        assert "✗ Not sent. max tokens is 0: give at least 1" in main.chat.transcript_text()
+
+
+async def test_the_load_sweep_bar_starts_afresh_after_a_run() -> None:
+    from test_tui_sweep_load import CONFIG, _load_mode, _run_to_end
+    from textual.widgets import ProgressBar
+    from tui_helpers import make_app
+
+    app = make_app(CONFIG)
+    async with app.run_test(size=WIDE) as pilot:
+        screen = await _load_mode(pilot, load_levels="1")
+        await _run_to_end(pilot, screen)
+        bar = screen.query_one(ProgressBar)
+        assert bar.percentage == 1.0
+        # Another mode (or back): nothing runs, so no bar may still say 100%.
+        await pilot.press("f4")
+        await pilot.pause()
+        assert not bar.percentage
+        await pilot.press("f4")
+        await pilot.pause()
+        assert not bar.percentage

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from bench.load_result import LoadConfig, LoadPoint
 from engine.errors import KvscopeError
+from tui import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,12 +108,15 @@ class LiveLoad:
         if self.users == 0 and self.running_since is None:
             state = "off"
         elif self.running_since is not None and now is not None:
-            state = (
-                f"{self.running_users} users: point running, "
-                f"{max(0.0, now - self.running_since):.0f} of {POINT_S:.0f} s"
-            )
+            users = fmt.count(self.running_users, "user")
+            elapsed = max(0.0, now - self.running_since)
+            if elapsed <= POINT_S:
+                state = f"{users}: point running, {elapsed:.0f} of {POINT_S:.0f} s"
+            else:
+                # Its POINT_S are up; the replies still in flight end it (not "15 of 10 s").
+                state = f"{users}: finishing the point ({POINT_S:.0f} s measured)"
         else:
-            state = f"{self.users} users: starting"
+            state = f"{fmt.count(self.users, 'user')}: starting"
         last = self.points[-1] if self.points else None
         if last is None:
             return state
@@ -129,6 +133,6 @@ def point_words(p: LoadPoint) -> str:
         else ""
     )
     return (
-        f"{p.max_concurrency} users {p.output_throughput:,.1f} tok/s out{roof}, "
+        f"{fmt.count(p.max_concurrency or 0, 'user')} {p.output_throughput:,.1f} tok/s out{roof}, "
         f"ITL p50 {p.median_itl_ms:,.0f} ms, TTFT p99 {p.p99_ttft_ms:,.0f} ms{batch}"
     )

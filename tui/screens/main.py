@@ -407,6 +407,10 @@ class MainScreen(Screen[None]):
                 self.notify("A reply is still streaming: Esc stops it.", severity="warning")
             return False
         controls = self.controls
+        problem = controls.sampling_problem()
+        if problem is not None:
+            await self.chat.add_notice(f"✗ Not sent. {problem}", error=True)
+            return False
         synthetic = controls.synthetic if synthetic is None else synthetic
         sampling = controls.sampling()
         copies = controls.concurrency

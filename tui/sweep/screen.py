@@ -404,6 +404,8 @@ class SweepScreen(Screen[None]):
                 field.value = followed
         self._show_overlay()
         self._version += 1
+        # The other mode's finished run must not leave its 100% over this one's form.
+        self.query_one(ProgressBar).update(total=1000, progress=0)
         self._status(
             "Set the load levels and press F6 (or Run sweep)."
             if mode == "load"

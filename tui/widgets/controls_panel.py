@@ -171,6 +171,18 @@ class ControlsPanel(VerticalScroll):
             temperature=max(0.0, min(temperature, 2.0)),
         )
 
+    def sampling_problem(self) -> str | None:
+        """Why the typed sampling cannot be sent, in one line; None when it can. A max
+        tokens under 1 is refused, not quietly made 1: the user typed a number."""
+        raw = self.query_one("#max-tokens", Input).value.strip()
+        try:
+            typed = int(raw)
+        except ValueError:
+            return None  # empty or half-typed: the default, as the field's placeholder says
+        if typed < 1:
+            return f"max tokens is {typed:,}: give at least 1"
+        return None
+
     # -- reactions -------------------------------------------------------------------------
     def watch_card(self, card: ModelCard | None) -> None:
         slider = self.slider
