@@ -95,11 +95,13 @@ async def test_eight_live_load_users_keep_every_plot_and_the_load_box_on_screen(
         # The block map names a few requests and counts the rest on one line: read once the
         # map draws more holders than it names (the load goes on, so read that one drawing).
         legends: list[str] = []
+
+        def counted() -> bool:
+            legends.append(_legend(main))
+            return " more request" in legends[-1]
+
         await wait_until(
-            pilot,
-            lambda: " more request" in (legends.append(_legend(main)) or legends[-1]),
-            timeout=60,
-            what="more requests holding blocks than the legend names",
+            pilot, counted, timeout=60, what="more requests holding blocks than the legend names"
         )
         assert legends[-1].count("█ load-") <= NAMED, legends[-1]
         await settle(pilot, quiet=False)  # the load goes on

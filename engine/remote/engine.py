@@ -446,6 +446,8 @@ class RemoteEngine:
             relay = self._relays.get(consumer)
             if relay is None:
                 relay = self._relays[consumer] = Relay(consumer)
+            # Every put is made on the IO loop (RemoteEngine._run), the one of this attach.
+            relay.producer = self._loop
             return relay
 
     def _body(self, live: _Live) -> tuple[str, dict[str, Any]]:
