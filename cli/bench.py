@@ -64,7 +64,8 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--output-len", default="128", metavar="N", help="output tokens per request (128)"
     )
-    p.add_argument("--runs", default="3", metavar="N", help="measured runs per length (3)")
+    # No default here: given in load mode it is refused (a load point is --num-prompts).
+    p.add_argument("--runs", metavar="N", help="measured runs per length (3)")
     p.add_argument(
         "--warmup", default="1", metavar="N", help="warm-up requests before the sweep (1)"
     )
@@ -127,7 +128,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
             )
         ),
         output_len=parse_int_option(args.output_len, "--output-len", 1),
-        runs=parse_int_option(args.runs, "--runs", 1),
+        runs=parse_int_option("3" if args.runs is None else args.runs, "--runs", 1),
         warmup=parse_int_option(args.warmup, "--warmup", 0),
         concurrency=concurrency,
         **({} if args.seed is None else {"seed": parse_int_option(args.seed, "--seed", 0)}),

@@ -146,6 +146,9 @@ _NOT_MULTI_TURN = (
     ("range_ratio", "--range-ratio", "every message has --message-len words"),
     ("shared_prefix", "--shared-prefix", "each session's own turns are its shared prefix"),
     ("compare", "--compare", "it restarts an in-process engine; for routers use --compare-urls"),
+    ("runs", "--runs", "it repeats a prompt-length sweep; the run sends --sessions x --turns"),
+    ("hardware", "--hardware", "chats get no roofline floors"),
+    ("no_roofline", "--no-roofline", "chats get no roofline floors"),
 )
 
 
@@ -302,6 +305,12 @@ def load_config_from_args(args: argparse.Namespace) -> LoadConfig:
         )
     if args.sweep and args.find_max:
         raise BadOption("--sweep", "choose --sweep or --find-max, not both")
+    if getattr(args, "runs", None) is not None:
+        raise BadOption(
+            "--runs",
+            f"{args.runs} runs repeat each length of a prompt-length sweep; a load point "
+            "runs --num-prompts N requests or --duration S instead",
+        )
     _check_search_levels(args)
     rate_mode = args.request_rate is not None or (
         args.concurrency is None and (args.sweep or args.find_max)

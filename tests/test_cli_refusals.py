@@ -125,6 +125,23 @@ def test_sweep_refuses_levels_it_would_drop(
     one_line(run.stderr, *says, "chooses its own")
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--concurrency", "1,2", "--runs", "5"], ("--runs", "5 runs", "--num-prompts")),
+        (["--request-rate", "2", "--runs", "2"], ("--runs", "2 runs", "--duration")),
+        (["--turns", "2", "--runs", "2"], ("--runs", "not with --turns/--sessions")),
+        (["--turns", "2", "--hardware", "l4"], ("--hardware", "not with --turns/--sessions")),
+    ],
+)
+def test_flags_of_another_mode_are_refused_not_dropped(
+    tmp_path: Path, flags: list[str], says: tuple[str, ...]
+) -> None:
+    run = _kvscope(tmp_path, "bench", "--fake", *flags, *SMALL[2:4])
+    assert run.returncode == 1, run.stdout[-1000:]
+    one_line(run.stderr, *says)
+
+
 def test_goodput_refuses_a_key_given_twice(tmp_path: Path) -> None:
     run = _kvscope(
         tmp_path, "bench", "--fake", "--concurrency", "1,2", "--goodput", "ttft:100000",
