@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from test_tui_replay import POOL, playing, replay_app, shown
-from tui_helpers import WIDE
+from tui_helpers import WIDE, screen_lines
 
 from cli.main import main
 from engine.tape import Tape, read_tape
@@ -284,3 +284,23 @@ async def test_the_load_sweep_bar_starts_afresh_after_a_run() -> None:
         await pilot.press("f4")
         await pilot.pause()
         assert not bar.percentage
+
+
+SWEEP = POOL.parent / "sweep-512-4096.jsonl"
+
+
+async def test_the_sweep_tapes_synthetic_replies_are_folded_not_system_system() -> None:
+    # The shipped sweep tape's requests are token-ID prompts no user typed; their
+    # replies are what a small model says to random tokens ("system system …"). Shown
+    # as a live synthetic send is: folded, with the count.
+    tape = read_tape(SWEEP)
+    app = replay_app(tape)
+    async with app.run_test(size=WIDE) as pilot:
+        main = await playing(pilot)
+        main.replay.seek(200)  # the 2,048-token request streaming, as the bug's SVG
+        await shown(pilot)
+        screen_text = "\n".join(screen_lines(app))
+        assert "system system" not in screen_text
+        assert "tokens of synthetic output, folded" in screen_text
+        replies = main.chat.replies()
+        assert replies and all(r.synthetic for r in replies)

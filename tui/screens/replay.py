@@ -244,7 +244,7 @@ class ReplayScreen(MainScreen):
             synthetic_tokens=(
                 message.synthetic_tokens
                 if message is not None
-                else (send.recorded[0].prompt_tokens if first.prompt_token_ids else None)
+                else (send.recorded[0].prompt_tokens if not first.messages else None)
             ),
             copies=len(ids),
             sampling=first.sampling,
@@ -254,10 +254,14 @@ class ReplayScreen(MainScreen):
             note, title = send_labels(ids, synthetic)
         else:
             # A request no user typed (a sweep, `generate --tape`): say what it was.
-            text, synthetic = lone_request_text(send.requests[0]), None
+            text = lone_request_text(send.requests[0])
             prompt = send.recorded[0].prompt_tokens
             note = f"⟨request {ids[0]}" + (f": {prompt:,}-token prompt⟩" if prompt else "⟩")
             _, title = send_labels(ids, None)
+            # A prompt of token IDs (a sweep's; the tape keeps only its length) is
+            # synthetic: its reply is what a model says to random tokens ("system
+            # system …"), folded as a live synthetic reply is.
+            synthetic = prompt if prompt and not first.messages else None
         await self.chat.add_user_message(text, note)
         reply = await self.chat.add_reply(
             title, ids, self._status_of, synthetic=synthetic is not None
