@@ -236,6 +236,39 @@ def subcommand(
     return add
 
 
+_ATTACH_ONLY = (
+    ("api_key", "--api-key"),
+    ("served_model_name", "--served-model-name"),
+    ("tokenizer", "--tokenizer"),
+    ("router_metrics", "--router-metrics"),
+)
+
+
+def refuse_attach_flags(args: argparse.Namespace) -> None:
+    """A flag for attaching to a server, given with no server to attach to, refused: the
+    engine kvscope starts here (or the fake) would never see it, and a run would measure
+    what was not asked. --served-model-name and --tokenizer are vLLM's names too, but
+    kvscope's attach flags take them, so they never reach an engine started here."""
+    if any(getattr(args, name, None) for name in ("url", "replica", "compare_urls")):
+        return
+    given = [flag for name, flag in _ATTACH_ONLY if getattr(args, name, None) is not None]
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        from engine.remote.timeouts import DEFAULT_TIMEOUTS
+
+        given += [] if timeout is DEFAULT_TIMEOUTS else ["--timeout"]
+    kv_events = getattr(args, "kv_events", "auto")
+    given += [] if kv_events in (None, "auto") else ["--kv-events"]
+    if given:
+        from engine.errors import BadOption
+
+        raise BadOption(
+            given[0],
+            "it is for attaching to a running server: give --url URL (or --replica URL); "
+            "without one kvscope starts its own engine, which this flag never reaches",
+        )
+
+
 def refuse_unknown_flags(args: argparse.Namespace, engine_argv: list[str]) -> None:
     """A flag neither kvscope's parser nor any vLLM source names, refused at once: vLLM's
     own parser would say the same after 10-20 s of importing vLLM and torch. Only where
@@ -270,6 +303,7 @@ def _generate(argv: list[str]) -> int:
     from cli.generate import add_generate_parser, run_generate
 
     args, engine_argv = _parser(add_generate_parser).parse_known_args(argv)
+    refuse_attach_flags(args)
     refuse_unknown_flags(args, engine_argv)
     return run_generate(args, engine_argv)
 
@@ -281,6 +315,7 @@ def _bench(argv: list[str]) -> int:
     from cli.bench import add_bench_parser, run_bench
 
     args, engine_argv = _parser(add_bench_parser).parse_known_args(argv)
+    refuse_attach_flags(args)
     refuse_unknown_flags(args, engine_argv)
     return run_bench(args, engine_argv)
 
@@ -333,6 +368,7 @@ def _engine_help(_argv: list[str]) -> int:
 
 def _playground(rest: list[str]) -> int:
     args, engine_argv = app_parser().parse_known_args(rest)
+    refuse_attach_flags(args)
     refuse_unknown_flags(args, engine_argv)
     from cli.launch import quiet_native_warnings
 

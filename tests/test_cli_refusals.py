@@ -328,3 +328,25 @@ def test_a_dead_replica_is_named_not_the_router_that_answered(tmp_path: Path) ->
     line = one_line(run.stderr, f"No vLLM server answers at {dead}", "replica a")
     assert "redirect" not in line  # nothing redirected: kvscope asked the replica itself
     assert f"the router at {router.url} answered" in line
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        (["bench", "--fake", "--prompt-lens", "16", "--output-len", "2"], ["--api-key", "k"]),
+        (["bench", "--fake", "--prompt-lens", "16"], ["--tokenizer", "gpt2"]),
+        (["bench", "--fake", "--prompt-lens", "16"], ["--timeout", "5"]),
+        (["bench", "--fake", "--prompt-lens", "16"], ["--kv-events", "off"]),
+        (["generate", "--prompt", "hi"], ["--served-model-name", "m"]),
+        (["--fake", "--screenshot", "{tmp}/x.svg"], ["--router-metrics", "http://127.0.0.1:1"]),
+    ],
+)
+def test_attach_flags_without_a_server_are_refused(
+    tmp_path: Path, command: list[str], flag: list[str]
+) -> None:
+    site, marker = _vllm_marker(tmp_path)
+    words = [w.format(tmp=tmp_path) for w in command]
+    run = _kvscope(tmp_path, *words, *flag, PYTHONPATH=str(site))
+    assert run.returncode == 1, run.stdout[-1000:]
+    one_line(run.stderr, flag[0], "give --url URL")
+    assert not marker.exists()  # said before vLLM is imported
