@@ -197,6 +197,11 @@ async def test_an_emulated_pool_that_is_the_pool_says_g_equals_k() -> None:
         text = str(slider.render())
         assert "G = K (the pool is sized as the L4's)" in text
         assert "G L4 KV pool" not in text
+    # --emulate-scale 0.5: the pool is half the L4's, and the line says so.
+    assert card.emulation is not None
+    half = dataclasses.replace(card, emulation=dataclasses.replace(card.emulation, scale=0.5))
+    k = next(w for w in walls_for(half, 1) if w.kind == "kv_pool")
+    assert k.note == "G = K (the pool is sized as 50% of the L4's)"
 
 
 async def test_the_preemption_recipe_preempts_in_under_two_minutes() -> None:

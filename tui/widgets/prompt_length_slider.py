@@ -95,15 +95,17 @@ def walls_for(card: ModelCard, concurrency: int, max_tokens: int = 0) -> list[Wa
         gpu = card.emulation.gpu
         blocks = card.emulation.pool_tokens // max(1, card.block_size)
         g = pool_share(blocks, card.block_size, c, max_tokens)
-        if g == walls[1].tokens:
-            # At full scale the pool here is the GPU's own: G would only sit on K (and be
-            # "off the ruler" twice). One wall, and a line that says why.
+        if abs(blocks - card.total_blocks) <= 1:
+            # The pool here was sized as the GPU's (vLLM may keep a block back): G would
+            # only sit on K, and be "off the ruler" twice. One wall, and a line why.
+            scale = card.emulation.scale
+            sized = f"the {gpu}'s" if scale >= 1 else f"{scale:.0%} of the {gpu}'s"
             walls[1] = dataclasses.replace(
                 walls[1],
                 consequence=(
                     f"past the KV pool here and on a real {gpu}: requests will be preempted/queued"
                 ),
-                note=f"G = K (the pool is sized as the {gpu}'s)",
+                note=f"G = K (the pool is sized as {sized})",
             )
         else:
             walls.append(
