@@ -155,7 +155,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="RECORD",
         help=(
             "with --svg: the replay after this many of the tape's step records, the bar's "
-            '"record N / M" (counted from 1), not the engine\'s step number that the '
+            '"record N / M" (0 is the start), not the engine\'s step number that the '
             'bar and the status line show as "engine step" (default: the end)'
         ),
     )
