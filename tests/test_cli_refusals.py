@@ -258,6 +258,17 @@ def test_an_unknown_flag_is_refused_before_vllm_is_imported(
     assert not marker.exists(), "vLLM was imported before --bogus was refused"
 
 
+@pytest.mark.parametrize("command", [["doctor"], ["bench"], ["generate"]])
+def test_a_stray_word_is_refused_before_vllm_is_imported(
+    tmp_path: Path, command: list[str]
+) -> None:
+    site, marker = _vllm_marker(tmp_path)
+    run = _kvscope(tmp_path, *command, "hello", "--max-model-len", "64", PYTHONPATH=str(site))
+    assert run.returncode == 1, run.stdout[-2000:]
+    one_line(run.stderr, "Unknown flag: hello")
+    assert not marker.exists(), "vLLM was imported before 'hello' was refused"
+
+
 def test_a_real_vllm_flag_still_goes_to_vllm(tmp_path: Path) -> None:
     """The quick refusal judges only names no vLLM source has: a real flag, or an
     abbreviation of one, is left to vLLM's parser (here it is imported, and stopped)."""

@@ -45,8 +45,11 @@ def _vllm_source() -> str | None:
 
 
 def surely_unknown(argv: Sequence[str]) -> str | None:
-    """The first `--flag` of `argv` that vLLM's flag sources never name; None when every
-    one might be vLLM's (or there is no vLLM source to read)."""
+    """The first `--flag` of `argv` that vLLM's flag sources never name, or a first word
+    that is no flag at all; None when every one might be vLLM's (or there is no vLLM
+    source to read)."""
+    if argv and not argv[0].startswith("-"):
+        return argv[0]  # vLLM's engine flags take no positional word, and none precedes it
     source = None
     for word in argv:
         if not word.startswith("--") or len(word) < 3 or word[2] == "-":
