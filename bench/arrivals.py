@@ -38,7 +38,12 @@ class ArrivalPattern:
             raise BadOption("--request-rate", f"{self.rate:g} is not a positive rate")
         if self.kind not in ARRIVAL_KINDS:
             raise BadOption("--arrival", f"{self.kind!r} is not one of {', '.join(ARRIVAL_KINDS)}")
-        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+        if math.isinf(self.burstiness) and self.burstiness > 0:
+            # Infinitely regular gaps: what --arrival constant already is.
+            raise BadOption(
+                "--burstiness", "inf is no gamma shape: for even gaps use --arrival constant"
+            )
+        if not self.burstiness > 0:
             raise BadOption("--burstiness", f"{self.burstiness:g} is not a positive number")
 
     @property

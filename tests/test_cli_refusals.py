@@ -196,6 +196,7 @@ def test_a_rate_that_would_not_send_within_the_run_is_refused(
         (["--goodput", "tpot:-5"], ("'tpot:-5'", "cannot be negative"), "not a number"),
         (["--request-rate", "nan"], ("'nan' is not a number",), "positive"),
         (["--request-rate", "1,NaN"], ("'NaN' is not a number",), "positive"),
+        (["--request-rate", "1", "--burstiness", "inf"], ("--arrival constant",), "positive"),
         (["--duration", "0"], ("--duration", "must be more than 0 s"), "between"),
         (["--duration", "-3"], ("--duration", "-3 s", "more than 0 s"), "between"),
         (["--duration", "100000"], ("--duration", "100,000 s", "86,400 s (a day)"), "between"),
