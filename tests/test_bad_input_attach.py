@@ -642,8 +642,9 @@ def test_bad_samples_are_dropped_and_counted() -> None:
 def test_bad_samples_never_stop_the_scrapes(no_vllm: dict[str, str]) -> None:
     """NaN, inf, a bad `le` and a non-ASCII engine label, from attach on: the session
     goes on, the scrapes too, and the count is said in one line."""
-    # A reply slow enough for scrapes to land in it: 0.6 s between its two tokens.
-    slow = sse(chat_chunk("a", token_ids=[1]), 0.6, chat_chunk("b", token_ids=[2], finish="stop"))
+    # A reply slow enough for scrapes to land in it, even from a scraper thread a loaded
+    # host runs late: 2 s between its two tokens (scrapes come every 0.2 s).
+    slow = sse(chat_chunk("a", token_ids=[1]), 2.0, chat_chunk("b", token_ids=[2], finish="stop"))
     routes = {
         "/metrics": lambda _r: text_reply(BUSY + BAD_SAMPLES),
         "/v1/chat/completions": lambda _r: slow,
@@ -787,9 +788,9 @@ def test_an_answer_past_the_cap_is_not_read_on(
     from engine.remote import client
 
     monkeypatch.setattr(client, "MAX_ANSWER_BYTES", 1024)
-    gap_s, reads = 0.05, 100
+    gap_s, reads = 0.05, 1000
     pieces: list[bytes | float | None] = [b"x" * 4096, gap_s] * reads
-    endless = sse(*pieces)  # 400 KB over 5 s: it is cut at 1 KB, in the first read
+    endless = sse(*pieces)  # 4 MB over 50 s: it is cut at 1 KB, in the first read
     with FakeServer({"/v1/models": lambda _r: endless}) as server:
         engine = RemoteEngine(server.url, kv_events=None)
         began = time.perf_counter()

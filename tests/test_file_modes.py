@@ -96,10 +96,11 @@ async def _screenshots(folder: Path) -> list[Path]:
         app.screenshot_folder = folder / "delivered"
         app.deliver_screenshot(filename="delivered.svg")
         delivered = folder / "delivered" / "delivered.svg"
-        for _ in range(200):  # Textual writes it from a thread
+        for _ in range(3000):  # Textual writes it from a thread (60 s: a hang guard)
             if delivered.is_file() and delivered.stat().st_size > 0:
                 break
             await asyncio.sleep(0.02)
+        assert delivered.is_file(), f"Textual's thread did not write {delivered} in 60 s"
     return [saved, delivered]
 
 

@@ -27,6 +27,7 @@ from engine.events import (
     SamplingSettings,
     TokenEvent,
 )
+from engine.fleet import fleet_engine
 from engine.fleet.fleet_engine import FleetEngine
 from engine.fleet.replicas import parse_replicas
 from engine.remote import RemoteEngine
@@ -44,6 +45,15 @@ FIRST = (
     "work. Please answer in one word: is that useful?"
 )
 SECOND = "And in one word again: does a router decide where it helps?"
+
+
+@pytest.fixture(autouse=True)
+def _patient_attribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished request waits at most half a second for the router's counter or the
+    KV events that say which replica served it; a loaded host's router counts later than
+    that. Here the wait is long (it ends as soon as the answer is in): these tests check
+    the attribution, not how quickly a busy router counts."""
+    monkeypatch.setattr(fleet_engine, "KV_EVENTS_GRACE_S", 60.0)
 
 
 @pytest.fixture(scope="module")

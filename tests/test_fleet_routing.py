@@ -19,6 +19,7 @@ from engine.events import (
     SamplingSettings,
     TokenEvent,
 )
+from engine.fleet import fleet_engine
 from engine.fleet.fleet_engine import FleetEngine
 from engine.fleet.replicas import parse_replicas
 from engine.fleet.round_robin import RoundRobinEngine
@@ -26,6 +27,8 @@ from engine.remote import RemoteEngine
 from tui.widgets.reply_footer import footer_fields
 
 if TYPE_CHECKING:
+    import pytest
+
     from engine.protocol import Engine
 
 
@@ -72,7 +75,12 @@ def test_without_a_router_requests_alternate_and_skip_a_replica_that_is_down() -
             fleet.shutdown()
 
 
-def test_behind_a_router_kv_events_say_which_replica_and_a_moved_turn_is_a_miss() -> None:
+def test_behind_a_router_kv_events_say_which_replica_and_a_moved_turn_is_a_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The half-second wait for KV events made long: on a loaded host they come later, and
+    # the wait ends as soon as they are in (the attribution is checked, not its speed).
+    monkeypatch.setattr(fleet_engine, "KV_EVENTS_GRACE_S", 60.0)
     pubs = {"a": FakePublisher(), "b": FakePublisher()}
     # The "router" sends turn 1 to b and turn 2 to a: each replica's events say so.
     turn_to = iter(["b", "a"])

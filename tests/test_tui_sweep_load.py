@@ -16,7 +16,7 @@ import pytest
 from test_load_runner import SimClock
 from textual.content import Content
 from textual.widgets import DataTable, Input, ProgressBar, Static
-from tui_helpers import NARROW, WIDE, HoldingClock, engine_ready, make_app, wait_until
+from tui_helpers import NARROW, WIDE, HoldingClock, engine_ready, make_app, settle, wait_until
 
 import tui.sweep.load_pane as sweep_module
 from bench.load_result import LoadPoint
@@ -325,11 +325,10 @@ def _snapshot_app(
             screen.query_one("#load-path", Input).value = SAVED_LOAD.name
             await pilot.press("f9")
             await wait_until(pilot, lambda: screen.load_overlay is not None)
-            await pilot.pause(0.3)
         if size == NARROW:
             body = screen.query_one("#sweep-body")
             body.scroll_to_widget(screen.query_one("#load-sweep-box"), animate=False, top=True)
-        await pilot.pause(0.2)
+        await settle(pilot)  # the app's own quiet, not a guess at a loaded host's speed
 
     return app, before
 

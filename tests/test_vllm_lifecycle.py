@@ -49,6 +49,7 @@ async def reply():
             if isinstance(event, TokenEvent):
                 tokens += 1
                 if tokens == 2:
+                    report['stop_began'] = time.monotonic()
                     for t in stoppers:
                         t.start()
         report['reply'] = 'finished?!'
@@ -60,6 +61,7 @@ asyncio.run(asyncio.wait_for(reply(), timeout=120))
 for t in stoppers:
     t.join(timeout=60)
 report['stoppers_returned'] = not any(t.is_alive() for t in stoppers)
+report['first_s'] = time.monotonic() - report['stop_began']
 started = time.monotonic()
 stop()
 report['third_s'] = time.monotonic() - started
@@ -93,7 +95,9 @@ def test_shutdown_is_safe_twice_from_two_threads_mid_reply_and_for_good() -> Non
     # The live reply ends with the reason, not silently and not with its 900 tokens.
     assert report["reply"].startswith("The engine stopped: the engine was shut down"), report
     assert 2 <= report["tokens"] < 900
-    assert report["third_s"] < 1.0  # nothing left to stop: it returns at once
+    # Nothing left to stop: it returns at once, a small part of what the real stop took
+    # (a ratio in the same run, on any machine).
+    assert report["third_s"] < report["first_s"] / 10, report
     assert "shut down" in report["restart"]
     assert report["step_threads"] == []  # an interpreter exit under it would abort (134)
     assert report["core_freed"], report
