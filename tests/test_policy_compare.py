@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 4  # words per pretend KV block
+# A hang guard for router start-up, not a speed: a loaded host can take many times its usual second.
+ROUTER_TIMEOUT_S = 120.0
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm_router") is None,
@@ -114,7 +116,7 @@ def fleet() -> Iterator[tuple[list[Router], list[CachingReplica]]]:
         for policy in ("round_robin", "cache_aware"):
             routers.append(Router(workers, policy, free_port(), free_port()))
         for router in routers:
-            router.wait_ready(20.0)
+            router.wait_ready(ROUTER_TIMEOUT_S)
         yield routers, replicas
     finally:
         for router in routers:
