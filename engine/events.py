@@ -234,6 +234,26 @@ class RequestWork:
 
 
 @dataclass(frozen=True, slots=True)
+class StepPerf:
+    """The work of one step, or of one scrape window attached: FLOPs done and bytes read and
+    written (weights, KV cache, activations), per GPU. `source` says who counted them:
+    "vllm" (vLLM's own analytic model, `--enable-mfu-metrics`, read per step in-process),
+    "vllm counters" (a server's `vllm:estimated_*_per_gpu_total` deltas over a scrape
+    window) or "kvscope" (roofline/'s model of the same step)."""
+
+    flops: float
+    read_bytes: float
+    write_bytes: float
+    source: str
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte moved, the roofline's x; None when no byte moved."""
+        moved = self.read_bytes + self.write_bytes
+        return self.flops / moved if moved > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class StepSample:
     """What one engine step did, measured by the thread that ran it."""
 
@@ -261,6 +281,10 @@ class StepSample:
     # Which free blocks still hold a cached prefix and which held ones were prefix hits;
     # None where the engine does not say (no prefix caching, a server, an older tape).
     block_cache: BlockCacheState | None = None
+    # The step's FLOPs and bytes as vLLM counts them, and as kvscope's roofline model does
+    # for the same scheduled tokens; None where not counted (see StepPerf).
+    perf: StepPerf | None = None
+    perf_model: StepPerf | None = None
 
     def blocks_for(self, tokens: int) -> int:
         """The blocks `tokens` tokens of KV fill at this step's block size, rounded up (in
