@@ -274,15 +274,29 @@ def test_kill_9_mid_reply_loses_at_most_the_last_step(tmp_path: Path) -> None:
         seen = int(line.split()[1])
         if seen >= 40 or time.monotonic() > deadline:
             break
+    assert seen >= 40
+
+    def steps_on_disk() -> int:
+        """Steps in the tape's whole lines so far (a line being written is left off)."""
+        data = path.read_bytes()
+        so_far = tmp_path / "so-far.jsonl"
+        so_far.write_bytes(data[: data.rfind(b"\n") + 1])
+        return len(read_tape(so_far).steps)
+
+    # The writer is a thread of its own and a loaded host may hold it back a few steps:
+    # it is waited for until all but the step in flight (printed after it was handed to
+    # the writer) are on disk. A writer that kept them in memory never gets there.
+    deadline = time.monotonic() + 60
+    while (written := steps_on_disk()) < seen - 1:
+        assert time.monotonic() < deadline, f"{written} steps on disk, {seen} taken"
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-    assert seen >= 40
     tape = read_tape(path)
     numbers = [s.step for s in tape.steps]
-    # Every step up to the last one written, none missing, and at most the step in
-    # flight (printed after it was handed to the writer) lost.
+    # Every step written before the kill survives it, none missing.
     assert numbers == list(range(1, len(numbers) + 1))
-    assert len(numbers) >= seen - 1, (len(numbers), seen)
+    assert len(numbers) >= written, (len(numbers), written, seen)
     assert tape.end is None  # no end line: the recording was cut off
     (request,) = tape.requests
     assert request.status == "interrupted"
