@@ -613,9 +613,13 @@ class Running:
 
 
 STOPPING = "kvscope: stopping the engine… (Ctrl-C again to force)"
-# A prefill of up to 2,000 tokens in one engine step, inside native code: about PREFILL_S
-# seconds where the machine allows (2,000 tokens take 1.6 s on one CPU, 25 s on another).
+# A prefill in one engine step, inside native code, of about PREFILL_S seconds at the rate
+# measured here: a 512-token prefill is 5.8 s on a 2-core AVX2 CPU and 14 times faster on
+# an AMX one, so the length is the rate's, up to PREFILL_MAX_TOKENS (the most the session
+# engine measures; 4,000 tokens are about 3 s on the fast CPU, where 2,000 left it 1.6 s and
+# the signals and the exit a second of it).
 PREFILL_S = 4.0
+PREFILL_MAX_TOKENS = 4000
 
 
 @dataclass(frozen=True)
@@ -653,11 +657,14 @@ def long_prefill(vllm_engine: Engine) -> LongPrefill:
         return min(asyncio.run(ttft(n, seed)) for seed in (1, 2))
 
     rate = 256 / best(256)
-    tokens = max(256, min(2000, int(rate * PREFILL_S)))
-    # In the session engine's dtype: the rate measured there is the subprocess's rate.
+    tokens = max(256, min(PREFILL_MAX_TOKENS, int(rate * PREFILL_S)))
+    # In the session engine's dtype: the rate measured there is the subprocess's rate. The
+    # whole prompt in one step (vLLM's CPU default budget is 2,048 or 4,096 tokens by how it
+    # is started): a first Ctrl-C waits for that one step, not for the first chunk of it.
     flags = [
         "--prompt-tokens", str(tokens), "--max-tokens", "4", "--json", "--dtype", TEST_DTYPE,
-        "--max-model-len", "2048", "--kv-cache-memory-bytes", str(128 * 1024**2),
+        "--max-model-len", "4096", "--max-num-batched-tokens", "4096",
+        "--kv-cache-memory-bytes", str(256 * 1024**2),  # 4,096 float32 tokens: 189 MB
     ]  # fmt: skip
     prefill = LongPrefill(flags, tokens, best(tokens))
     print(f"\nlong prefill: {tokens} tokens in {prefill.prefill_s:.2f} s")
