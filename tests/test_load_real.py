@@ -52,9 +52,9 @@ async def test_users_raise_throughput_and_rate_inf_queues(vllm_engine: VllmEngin
     # end-to-end time is N (Little's law; a little under it for the client's gap between
     # one request's end and the next one's send, and the 4 ending together, at the
     # slowest's time). Both from the same point's clock, so no machine's speed is in it.
-    for users, point in ((1, one), (4, four)):
+    for n, point in ((1, one), (4, four)):
         in_flight = point.request_throughput * point.mean_e2el_ms / 1000
-        assert in_flight == pytest.approx(users, rel=0.15), (users, in_flight, point)
+        assert in_flight == pytest.approx(n, rel=0.15), (n, in_flight, point)
     # And so the throughput's gain is the end-to-end times' ratio times the users' (the
     # old check, 4 / median ITL growth, mixed a mean with a median and left prefill out).
     assert gain == pytest.approx(4 * one.mean_e2el_ms / four.mean_e2el_ms, rel=0.2), why
