@@ -532,6 +532,7 @@ class VllmEngine:
                 self._internal[i] for i in work.waiting_internal_ids if i in self._internal
             ),
             block_cache=intro.block_cache(),
+            perf=work.perf,
         )
         # Listeners first: a consumer that stops listening when its request finishes
         # must still see the step that finished it.

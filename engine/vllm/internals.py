@@ -28,6 +28,7 @@ from engine.events import (
     KvCacheGroup,
     PrefillChunk,
     RequestBlocks,
+    StepPerf,
     StepStarted,
 )
 from engine.memory_budget import MemoryBudget
@@ -48,6 +49,44 @@ class ScheduledWork:
     number: int = 0
     """The step number of a batch with work (1, 2, ... in the order vLLM scheduled them);
     0 for a batch with none, which is never a step."""
+    perf: StepPerf | None = None
+    """vLLM's own count of this batch's FLOPs and bytes (`--enable-mfu-metrics`), set
+    when its tokens come back (see `vllm_step_perf`); None when vLLM did not count it."""
+
+
+VLLM_PERF_SOURCE = "vllm"
+"""`StepPerf.source` of vLLM's own per-step count, read in this process."""
+
+
+def vllm_step_perf(outputs: Any) -> StepPerf | None:
+    """vLLM's count of the batch `Scheduler.update_from_output` just took in, from the
+    `SchedulerStats` it returned (on one client's outputs only); None when it counted
+    nothing (`--no-enable-mfu-metrics`, `--disable-log-stats`, a model its analytic model
+    does not know)."""
+    for eco in outputs.values():
+        stats = eco.scheduler_stats
+        counted = stats.perf_stats if stats is not None else None
+        if counted is not None:
+            return StepPerf(
+                flops=float(counted.num_flops_per_gpu),
+                read_bytes=float(counted.num_read_bytes_per_gpu),
+                write_bytes=float(counted.num_write_bytes_per_gpu),
+                source=VLLM_PERF_SOURCE,
+            )
+    return None
+
+
+def summed_perf(counts: list[StepPerf | None]) -> StepPerf | None:
+    """Several batches' counts as one step's: None unless vLLM counted every one."""
+    if not counts or any(c is None for c in counts):
+        return None
+    known = [c for c in counts if c is not None]
+    return StepPerf(
+        flops=sum(c.flops for c in known),
+        read_bytes=sum(c.read_bytes for c in known),
+        write_bytes=sum(c.write_bytes for c in known),
+        source=known[0].source,
+    )
 
 
 def configured_here(logging_config: Any) -> None:
@@ -150,9 +189,19 @@ class EngineIntrospector:
 
         def updated(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             entry = self._in_flight.pop(id(scheduler_output), None)
+            result = update(scheduler_output, *args, **kwargs)
             if entry is not None:
-                self._handed_out.append(entry[1])
-            return update(scheduler_output, *args, **kwargs)
+                work = entry[1]
+                # vLLM counts a batch's FLOPs and bytes inside this very call, from this
+                # very `scheduler_output` (`Scheduler.update_from_output` calls
+                # `ModelMetrics.get_step_perf_stats_per_gpu(scheduler_output)` and returns
+                # the count in this call's `SchedulerStats`), and the summary was keyed by
+                # the same object when it was scheduled: so the count is this batch's, with
+                # any number of batches in flight, never its neighbour's.
+                with contextlib.suppress(Exception):  # bookkeeping never breaks the engine
+                    work = replace(work, perf=vllm_step_perf(result))
+                self._handed_out.append(work)
+            return result
 
         self.scheduler.schedule = scheduled
         self.scheduler.update_from_output = updated
@@ -411,6 +460,7 @@ class EngineIntrospector:
             done[-1].waiting_internal_ids,
             min(w.scheduled_at for w in done),
             max(w.number for w in done),
+            summed_perf([w.perf for w in done]),
         )
 
     @property

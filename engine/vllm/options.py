@@ -164,6 +164,11 @@ def build_engine_settings(
     if "use_tqdm_on_load" not in given:
         # A progress bar on stderr tears the terminal UI and clutters headless output.
         ns.use_tqdm_on_load = False
+    if "enable_mfu_metrics" not in given:
+        # vLLM's own count of each step's FLOPs and bytes, which the live roofline draws
+        # (engine/vllm/internals.py reads it per step); --no-enable-mfu-metrics turns it
+        # off. It is arithmetic on the scheduled tokens, no device is touched.
+        ns.enable_mfu_metrics = True
     on_gpu = gpu_present()
     if on_gpu and embedded:
         _embedded_gpu_defaults(ns, given)

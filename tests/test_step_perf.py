@@ -1,0 +1,97 @@
+"""Each step's FLOPs and bytes, as vLLM counts them (`--enable-mfu-metrics`, which kvscope
+turns on) and as kvscope's roofline model does, on the real engine (issue #32).
+
+The roofline's claims, held to the counts: a long prompt's prefill steps do more FLOPs per
+byte moved than the decode steps of the same request; a decode step of a bigger batch does
+more FLOPs per byte than one of a single request (the batch shares the weight reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from typing import TYPE_CHECKING
+
+from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
+from engine.vllm.options import build_engine_settings
+
+if TYPE_CHECKING:
+    from engine.protocol import Engine
+
+PROMPT = 512
+OUTPUT = 16
+
+
+async def _run(engine: Engine, rid: str, n: int, max_tokens: int, seed: int) -> RequestFinished:
+    ids = engine.synthetic_prompt(n, seed=seed)
+    request = GenerationRequest(
+        rid, prompt_token_ids=ids, sampling=SamplingSettings(max_tokens=max_tokens, ignore_eos=True)
+    )
+    last = None
+    async for event in engine.stream(request):
+        last = event
+    assert isinstance(last, RequestFinished)
+    return last
+
+
+async def _steps_of(
+    engine: Engine, runs: dict[str, tuple[int, int]], seed: int
+) -> list[StepSample]:
+    """Run every request of `runs` (id: prompt tokens, output tokens) at once; the steps
+    that did work for any of them."""
+    samples: list[StepSample] = []
+
+    def on_step(sample: StepSample) -> None:
+        if not sample.idle and any(w.request_id in runs for w in sample.work):
+            samples.append(sample)
+
+    remove = engine.add_step_listener(on_step)
+    try:
+        await asyncio.gather(
+            *(_run(engine, rid, n, m, seed + i) for i, (rid, (n, m)) in enumerate(runs.items()))
+        )
+    finally:
+        remove()
+    return samples
+
+
+def _intensity(sample: StepSample) -> float:
+    assert sample.perf is not None, f"step {sample.step} has no count from vLLM"
+    value = sample.perf.intensity
+    assert value is not None, f"step {sample.step}: vLLM counted no byte moved"
+    return value
+
+
+def test_kvscope_turns_vllms_count_on_unless_told_not_to() -> None:
+    assert build_engine_settings([], prepare=False).engine_args.enable_mfu_metrics is True
+    off = build_engine_settings(["--no-enable-mfu-metrics"], prepare=False)
+    assert off.engine_args.enable_mfu_metrics is False
+
+
+async def test_every_step_of_a_long_request_has_vllms_count(vllm_engine: Engine) -> None:
+    steps = await _steps_of(vllm_engine, {"perf-long": (PROMPT, OUTPUT)}, seed=3200)
+    # The prompt, then one step per output token after the first.
+    assert sum(s.prefill_tokens for s in steps) == PROMPT
+    assert sum(s.decode_tokens for s in steps) == OUTPUT - 1
+    for s in steps:
+        assert s.perf is not None, f"step {s.step} has no count from vLLM"
+        assert s.perf.source == "vllm"
+        assert s.perf.flops > 0 and s.perf.read_bytes > 0 and s.perf.write_bytes > 0
+
+
+async def test_prefill_steps_do_more_per_byte_than_decode_steps(vllm_engine: Engine) -> None:
+    steps = await _steps_of(vllm_engine, {"perf-kinds": (PROMPT, OUTPUT)}, seed=3210)
+    prefill = [_intensity(s) for s in steps if s.prefill_tokens and not s.decode_tokens]
+    decode = [_intensity(s) for s in steps if s.decode_tokens and not s.prefill_tokens]
+    assert prefill and decode, [(s.prefill_tokens, s.decode_tokens) for s in steps]
+    assert min(prefill) > max(decode), (prefill, decode)
+
+
+async def test_decode_does_more_per_byte_in_a_bigger_batch(vllm_engine: Engine) -> None:
+    alone = await _steps_of(vllm_engine, {"perf-b1": (64, 8)}, seed=3220)
+    four = {f"perf-b4-{i}": (64, 8) for i in range(4)}
+    together = await _steps_of(vllm_engine, four, seed=3230)
+    one = [_intensity(s) for s in alone if s.decode_tokens == 1 and not s.prefill_tokens]
+    batch = [_intensity(s) for s in together if s.decode_tokens == 4 and not s.prefill_tokens]
+    assert one and batch, [(s.prefill_tokens, s.decode_tokens) for s in together]
+    assert statistics.median(batch) > statistics.median(one), (one, batch)
