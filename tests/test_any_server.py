@@ -105,24 +105,42 @@ def test_text_sent_for_token_ids_reads_back_as_the_same_ids() -> None:
 
 
 @pytest.mark.own_engine  # `vllm bench serve` imports vLLM, in its own process
-def test_at_32_streams_kvscope_reads_the_mocks_timings_as_well_as_vllm_bench_serve(
-    mock: MockServer,
-) -> None:
+def test_at_32_streams_kvscope_reads_the_mocks_timings_as_well_as_vllm_bench_serve() -> None:
     # The mock's own lag under 32 streams on this host is the tolerance: measured by
     # `vllm bench serve` in the same test, beside kvscope's load runner, each client in a
-    # process of its own.
+    # process of its own. The two take turns (kvscope, vllm bench serve, twice), so each
+    # kvscope round has a vllm bench serve round next to it on a host as busy; kvscope
+    # must be within that one's error in at least one pair: a reading that is off by
+    # itself is off in every pair, a burst of another process's work falls in one. An
+    # ITL of 40 ms (800 tokens/s asked of the mock, not 3,200) keeps the mock on time on
+    # a 2-core host, and the margin is a tenth of it, as +1 ms was of 10 ms.
+    ttft_ms, itl_ms = TTFT_MS, 4 * ITL_MS
     users, output, prompts = 32, 32, 64
-    ours = kvscope_process_round(mock.url, users, output, prompts)
-    theirs = vllm_round(mock.url, users, output, prompts)
-    assert isinstance(ours, dict), ours
-    assert isinstance(theirs, dict), theirs
-    said = f"kvscope {ours}\nvllm bench serve {theirs}"
-    their_itl_error = abs(theirs["median_itl_ms"] - ITL_MS)
-    assert abs(ours["median_itl_ms"] - ITL_MS) <= their_itl_error + 1.0, said
-    # Neither client can see a token before the mock sends it.
-    assert ours["median_ttft_ms"] >= TTFT_MS and ours["median_itl_ms"] > 0, said
-    their_ttft_error = theirs["median_ttft_ms"] - TTFT_MS
-    assert ours["median_ttft_ms"] - TTFT_MS <= 1.5 * their_ttft_error + 0.1 * TTFT_MS, said
+    server = MockServer(ttft_ms, itl_ms).start()
+    try:
+        pairs = [
+            (
+                kvscope_process_round(server.url, users, output, prompts),
+                vllm_round(server.url, users, output, prompts),
+            )
+            for _ in range(2)
+        ]
+    finally:
+        server.stop()
+    said = "\n".join(f"kvscope {ours}\nvllm bench serve {theirs}" for ours, theirs in pairs)
+    close: list[bool] = []
+    for ours, theirs in pairs:
+        assert isinstance(ours, dict), ours
+        assert isinstance(theirs, dict), theirs
+        # Neither client can see a token before the mock sends it.
+        assert ours["median_ttft_ms"] >= ttft_ms and ours["median_itl_ms"] > 0, said
+        their_itl_error = abs(theirs["median_itl_ms"] - itl_ms)
+        their_ttft_error = theirs["median_ttft_ms"] - ttft_ms
+        close.append(
+            abs(ours["median_itl_ms"] - itl_ms) <= their_itl_error + 0.1 * itl_ms
+            and ours["median_ttft_ms"] - ttft_ms <= 1.5 * their_ttft_error + 0.1 * ttft_ms
+        )
+    assert any(close), said
 
 
 def test_walls_nobody_told_are_not_drawn_and_the_card_says_unknown() -> None:
@@ -154,16 +172,19 @@ def test_find_max_against_a_server_of_four_slots_lands_on_the_capacity_its_timin
     # streamed request (read in guidellm 0.8.1's mock_server/server.py; measured: the same
     # find-max with and without it found 19.5 requests/s, the host's own limit). So the
     # slots are kvscope's timed server's (benchmarks/timed_server.py --max-streams).
-    # Four slots, each held for TTFT + (N-1) x ITL: at most 4 / (0.2 + 9 x 0.02) = 10.5
-    # requests/s, whatever the client, about half what one client and server on a busy
-    # 2-core host manage unlimited. Arrivals at a constant rate queue only past it, so a
-    # TTFT objective of 3x the set TTFT fails just above it.
-    slots, output, ttft_ms, itl_ms = 4, 10, 200.0, 20.0
+    # Four slots, each held for TTFT + (N-1) x ITL: at most 4 / (0.2 + 9 x 0.08) = 4.3
+    # requests/s, whatever the client: a fifth of the 19.5 one client and server managed
+    # unlimited on a busy 2-core host (an ITL of 20 ms put it at 10.5, half of that).
+    # Arrivals at a constant rate queue only past it; past it by a share x, a 3 s point
+    # ends with x x 3 s of backlog, so a TTFT objective of 3x the set TTFT fails just above
+    # it at any capacity. The search starts at the same share of it as before (4 of 10.5).
+    slots, output, ttft_ms, itl_ms = 4, 10, 200.0, 80.0
     capacity = slots / ((ttft_ms + (output - 1) * itl_ms) / 1000)
     server = ServerProcess(ttft_ms, itl_ms, max_streams=slots)
     try:
         out = run_kvscope(
-            "bench", "--url", server.url, "--find-max", "--request-rate", "4",
+            "bench", "--url", server.url, "--find-max", "--request-rate",
+            f"{capacity * 4 / 10.5:.2f}",
             "--arrival", "constant", "--duration", "3", "--prompt-lens", "32",
             "--output-len", str(output), "--goodput", f"ttft:{3 * ttft_ms:.0f}",
             "--json", str(tmp_path / "r.json"),
