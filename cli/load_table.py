@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from cli.sweep_table import busy_host
+from cli.sweep_table import SCRIPTED, SIMULATED, busy_host, simulated
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 def render_load(result: LoadResult, console: Console) -> None:
     c = result.config
     spread = f" ±{c.range_ratio:.0%}" if c.range_ratio else ""
+    fake = simulated(result.model)
     table = Table(
-        title=f"kvscope bench: load, {c.prompt_len:,}{spread}-token prompts, "
-        f"{c.output_len:,} output tokens, seed {c.seed}"
+        title=f"kvscope bench{f' ({SIMULATED})' if fake else ''}: load, "
+        f"{c.prompt_len:,}{spread}-token prompts, {c.output_len:,} output tokens, seed {c.seed}"
     )
     goodput = bool(c.goodput)
     roofline = any(p.roofline_output_throughput is not None for p in result.points)
@@ -73,21 +74,22 @@ def render_load(result: LoadResult, console: Console) -> None:
             console.print(f"{p.label}: failed: {p.error}", markup=False, highlight=False)
         for note in p.notes:
             console.print(f"{p.label}: {note}", markup=False, highlight=False)
-    console.print(verdict(result.points, roofline=roofline))
+    console.print(verdict(result.points, roofline=roofline, scripted=fake))
     if result.find_max:
         console.print(str(result.find_max.get("sentence", "")))
-    busy = busy_host()
+    busy = "" if fake else busy_host()
     if busy:
         console.print(busy)
     console.print(f"Prompts were drawn from seed {c.seed}: --seed {c.seed} repeats them.")
 
 
-def verdict(points: list[LoadPoint], *, roofline: bool = False) -> str:
+def verdict(points: list[LoadPoint], *, roofline: bool = False, scripted: bool = False) -> str:
     """What the load's own numbers show, in one sentence: never a fixed text. Failures
     come first: a point where requests failed measured the server's errors, not its
-    capacity, so it is named and left out of the comparison (it is never "saturation")."""
+    capacity, so it is named and left out of the comparison (it is never "saturation").
+    `scripted`: the fake engine's run: the ratios, and no word on what bounds this machine."""
     failures = failure_sentence(points)
-    return failures + _compare(points, roofline=roofline)
+    return failures + _compare(points, roofline=roofline, scripted=scripted)
 
 
 def failure_sentence(points: list[LoadPoint]) -> str:
@@ -108,12 +110,13 @@ def failure_sentence(points: list[LoadPoint]) -> str:
     )
 
 
-def _compare(points: list[LoadPoint], *, roofline: bool) -> str:
+def _compare(points: list[LoadPoint], *, roofline: bool, scripted: bool = False) -> str:
     ok = [p for p in points if p.ok and p.completed and p.output_throughput > 0]
+    after = f" {SCRIPTED}" if scripted else ""
     if len(ok) < 2:
         if not ok and points:
-            return "No point ran clean: nothing to compare."
-        return "One measured point: nothing to compare."
+            return "No point ran clean: nothing to compare." + after
+        return "One measured point: nothing to compare." + after
     users = [p for p in ok if p.max_concurrency is not None and p.request_rate is None]
     if len(users) >= 2:
         first, last = users[0], users[-1]
@@ -125,6 +128,8 @@ def _compare(points: list[LoadPoint], *, roofline: bool) -> str:
     itl = last.median_itl_ms / max(first.median_itl_ms, 1e-9)
     ttft = last.mean_ttft_ms / max(first.mean_ttft_ms, 1e-9)
     head = f"{load}: output throughput x{thr:.1f}, median ITL x{itl:.2f}, mean TTFT x{ttft:.1f}. "
+    if scripted:
+        return head + SCRIPTED
     stopped = [p for p in ok if p.stopped_early]
     if stopped:
         return head + (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 
 def render_summary(result: SweepResult, console: Console) -> None:
     # Every duration in ms, said in each header: one style for the whole table.
+    fake = simulated(result.model)
     table = Table(
-        title=f"kvscope bench: {result.config.output_len} output tokens, "
+        title=f"kvscope bench{f' ({SIMULATED})' if fake else ''}: "
+        f"{result.config.output_len} output tokens, "
         f"{result.config.runs} run(s), concurrency {result.config.concurrency}"
     )
     for col in (
@@ -81,12 +83,22 @@ def render_summary(result: SweepResult, console: Console) -> None:
             first.value("median_itl_ms") or 0.0, 1e-9
         )
         load, cores = host_load()
-        console.print(
-            verdict(
-                last.prompt_len / first.prompt_len, ttft_ratio, itl_ratio, load=load, cores=cores
+        if fake:
+            console.print(
+                f"prompt x{last.prompt_len / first.prompt_len:.0f}: TTFT x{ttft_ratio:.1f}, "
+                f"median ITL x{itl_ratio:.2f}. {SCRIPTED}"
             )
-        )
-        busy = busy_host(load, cores)
+        else:
+            console.print(
+                verdict(
+                    last.prompt_len / first.prompt_len,
+                    ttft_ratio,
+                    itl_ratio,
+                    load=load,
+                    cores=cores,
+                )
+            )
+        busy = "" if fake else busy_host(load, cores)
         if busy:
             console.print(busy)
         console.file.write(charts(result, width=min(console.width, 100)) + "\n")
@@ -175,6 +187,20 @@ def host_load() -> tuple[float | None, int]:
         return os.getloadavg()[0], cores
     except (AttributeError, OSError):
         return None, cores
+
+
+SIMULATED = "fake engine, simulated timings"
+"""Said in the title of every run on `--fake`: its timings are the fake's script."""
+SCRIPTED = (
+    "These timings are the fake engine's script (--fake): they show how kvscope reads a "
+    "run, and say nothing about this machine."
+)
+
+
+def simulated(model: dict[str, Any] | None) -> bool:
+    """Whether the run's engine was the fake: no sentence about this machine's hardware or
+    load may be drawn from its timings."""
+    return model is not None and model.get("device") == "fake"
 
 
 def busy_host(load: float | None = None, cores: int | None = None) -> str:
