@@ -12,8 +12,13 @@ import asyncio
 import statistics
 from typing import TYPE_CHECKING
 
+import pytest
+
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 from engine.vllm.options import build_engine_settings
+from roofline.floors import decode_flops_per_token, prefill_flops
+from roofline.hardware import load_geometry
+from roofline.step_perf import RESIDUAL_TOLERANCE, RequestSlice, StepModel, perf_check
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
@@ -95,3 +100,40 @@ async def test_decode_does_more_per_byte_in_a_bigger_batch(vllm_engine: Engine) 
     batch = [_intensity(s) for s in together if s.decode_tokens == 4 and not s.prefill_tokens]
     assert one and batch, [(s.prefill_tokens, s.decode_tokens) for s in together]
     assert statistics.median(batch) > statistics.median(one), (one, batch)
+
+
+@pytest.mark.parametrize("key", ["qwen2.5-7b", "llama-3.1-8b"])
+def test_kvscopes_step_count_is_the_floors_count(key: str) -> None:
+    """A whole prompt in one step is `prefill_flops`; one decode token is
+    `decode_flops_per_token`; a batch of b decodes reads the weights once and b KVs."""
+    geom = load_geometry(key)
+    model = StepModel(geom)
+    assert model.count([RequestSlice(PROMPT, PROMPT)]).perf.flops == prefill_flops(geom, PROMPT)
+    one = model.count([RequestSlice(1, PROMPT)]).perf
+    assert one.flops == decode_flops_per_token(geom, PROMPT)
+    four = model.count([RequestSlice(1, PROMPT)] * 4).perf
+    assert four.flops == 4 * one.flops
+    kv = geom.kv_bytes_per_token * PROMPT
+    assert four.read_bytes - one.read_bytes == 3 * kv
+    # The same prompt in two chunks: the causal pairs add up to the whole prompt's, and
+    # each chunk makes one request's logits (vLLM computes them for a partial prompt too).
+    half = PROMPT // 2
+    chunks = [model.count([RequestSlice(half, c)]).perf.flops for c in (half, PROMPT)]
+    assert sum(chunks) == prefill_flops(geom, PROMPT) + 2 * geom.vocab_size * geom.hidden_size
+
+
+async def test_vllms_count_is_kvscopes_plus_the_named_differences(vllm_engine: Engine) -> None:
+    card = vllm_engine.card
+    assert card is not None
+    model = StepModel.for_card(load_geometry(card.path), card)
+    steps = await _steps_of(vllm_engine, {"perf-agree": (PROMPT, OUTPUT)}, seed=3240)
+    for s in steps:
+        modelled = model.observe(s)
+        assert s.perf is not None and modelled is not None
+        check = perf_check(s.perf, modelled)
+        assert check.agree, (s.step, s.prefill_tokens, s.decode_tokens, check)
+        if not s.prefill_tokens:
+            # A decode step: the same FLOPs and reads without any named difference (the
+            # activations of one token are far under the tolerance of the weights).
+            assert not any(d.startswith(("flops", "read")) for d in check.differences), check
+            assert s.perf.flops == pytest.approx(modelled.perf.flops, rel=RESIDUAL_TOLERANCE)
