@@ -34,6 +34,7 @@ from engine.events import (
     RequestBlocks,
     RequestWork,
     StepListener,
+    StepPerf,
     StepSample,
 )
 from engine.features import IN_PROCESS, EngineFeatures
@@ -135,6 +136,17 @@ FILLER = [
     "zulu",
 ]
 
+FAKE_PEAK_FLOPS = 4e12
+"""The fake's machine, FLOP/s: above what its default timings reach (2 x params per prompt
+token every `prefill_s_per_token`, 2.7 TFLOP/s for a long prompt), so its prefill steps land
+under the flat roof, as a real machine's do."""
+FAKE_MEM_BANDWIDTH = 32e9
+"""The fake's machine, bytes/s: above the most its default steps move (the weights in one
+`prefill_base_s`, 27 GB/s; a context token's KV every `decode_s_per_context_token`, 23 GB/s),
+so its decode steps land under the sloped roof."""
+PERF_SOURCE = "fake"
+"""Who counted the fake's StepPerf: itself, from the analytic model in `FakeEngine._perf`."""
+
 # Chat template overhead, in tokens: the fake's stand-in for "<|im_start|>user\n ... <|im_end|>".
 PER_MESSAGE_OVERHEAD = 4
 GENERATION_PROMPT = 3
@@ -166,6 +178,10 @@ class FakeConfig:
     # starting with the same full blocks takes them back instead of prefilling them. Off
     # by default, so scripts written before it keep their exact steps and blocks.
     prefix_caching: bool = False
+    # The weights the fake's step counts are made of (SmolLM2-135M's parameters, in bf16):
+    # FLOPs and bytes of each step are set from these (FakeEngine._perf), not measured.
+    params: int = 134_515_008
+    bytes_per_param: int = 2
 
 
 @dataclass(eq=False)  # live state, compared by identity (`in` a queue is O(1) per item)
@@ -519,6 +535,11 @@ class FakeEngine:
             for live in self._running:
                 self._index_full_blocks(live)
         context = sum(x.computed for x in self._running)
+        # The KV each scheduled request read: what it held before this step's tokens.
+        held = {x.request.request_id: x.computed for x in self._running}
+        read_kv = sum(
+            held.get(w.request_id, 0) - w.prefill_tokens - w.decode_tokens for w in work.values()
+        )
         duration = (c.prefill_base_s + c.prefill_s_per_token * prefill if prefill else 0.0) + (
             c.decode_step_s + c.decode_s_per_context_token * context if decode else 0.0
         )
@@ -552,6 +573,7 @@ class FakeEngine:
             work=tuple(work.values()),
             waiting_ids=tuple(x.request.request_id for x in self._waiting),
             block_cache=self._block_cache(),
+            perf=self._perf(prefill + decode, read_kv),
         )
         self._last_duration = duration
         self._listeners.emit(sample)
@@ -565,6 +587,22 @@ class FakeEngine:
                 self._finish(live, "stop")
         if not self._waiting and not self._running:
             self._emit_idle()
+
+    def _perf(self, tokens: int, read_kv_tokens: int) -> StepPerf:
+        """The fake's set counts for a step of `tokens` tokens that read `read_kv_tokens`
+        tokens of KV: a simple analytic model standing in for vLLM's own count
+        (`--enable-mfu-metrics`), derived from the config, never measured. 2 FLOPs per
+        parameter per token (the matmuls; attention left out); the weights read once per
+        step whatever the batch (which is why a bigger batch moves decode right); each
+        token's KV written once and the context's KV read once."""
+        c = self.config
+        kv = kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, 2)
+        return StepPerf(
+            flops=2.0 * c.params * tokens,
+            read_bytes=float(c.params * c.bytes_per_param + kv * max(0, read_kv_tokens)),
+            write_bytes=float(kv * tokens),
+            source=PERF_SOURCE,
+        )
 
     def _emit_idle(self) -> None:
         if not self._book.went_idle():

@@ -99,6 +99,7 @@ class MainScreen(Screen[None]):
         Binding("pagedown", "scroll_panel(1)", "Scroll down", show=False),
         Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
         Binding("f6", "toggle_timeline", "ITL plot / request timeline", show=False),
+        Binding("f8", "toggle_roofline", "Roofline plot on/off", show=False),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
         Binding("f3", "show_panel('engine')", "Engine panel", show=False),
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),
@@ -678,6 +679,15 @@ class MainScreen(Screen[None]):
         box = self.engine_panel.query_one(LatencyBox)
         box.toggle()
         self.call_after_refresh(box.scroll_visible, animate=False)
+
+    def action_toggle_roofline(self) -> None:
+        """Show the engine's steps under the roofs (a box of the Engine column), or not."""
+        self.action_show_panel("engine")
+        panel = self.engine_panel
+        panel.show_roofline = not panel.show_roofline
+        if panel.show_roofline:
+            box = panel.query_one("#roofline-box")
+            self.call_after_refresh(box.scroll_visible, animate=False)
 
     def action_restart_engine(self) -> None:
         if self.engine_state in ("failed", "dead"):

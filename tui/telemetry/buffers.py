@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from engine.stats import percentile
 from tui.telemetry.host_watch import HostWatch
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
         StepStarted,
         TokenEvent,
     )
+
+StepKind = Literal["prefill", "decode", "mixed"]
+"""What a step ran: prompt tokens only, decode tokens only, or both (the roofline's colours)."""
 
 KV_WINDOW_S = 60.0
 """The KV-usage plot shows the last minute of engine time, like btop, not the session."""
@@ -65,6 +68,45 @@ class LatencyPoint:
         return self.ttft_ms
 
 
+@dataclass(frozen=True, slots=True)
+class PerfPoint:
+    """One step on the roofline plot: its arithmetic intensity and achieved FLOP/s, from
+    the engine's count of its FLOPs and bytes (StepSample.perf)."""
+
+    step: int
+    end_s: float  # when the step ended, on the engine's clock (older points fade)
+    intensity: float  # FLOPs per byte moved
+    flops_per_s: float  # achieved: the step's FLOPs over its duration
+    kind: StepKind
+    source: str  # who counted it (StepPerf.source)
+
+
+def step_kind(sample: StepSample) -> StepKind:
+    """A step's kind, from its prefill and decode tokens."""
+    if sample.prefill_tokens and sample.decode_tokens:
+        return "mixed"
+    return "prefill" if sample.prefill_tokens else "decode"
+
+
+def perf_point(sample: StepSample) -> PerfPoint | None:
+    """The step's roofline point, or None where the engine did not count it (or it ran
+    no time, or moved no byte: no point to place)."""
+    perf = sample.perf
+    if perf is None or sample.idle or sample.duration_s <= 0 or perf.flops <= 0:
+        return None
+    intensity = perf.intensity
+    if intensity is None:
+        return None
+    return PerfPoint(
+        step=sample.step,
+        end_s=sample.started_at + sample.duration_s,
+        intensity=intensity,
+        flops_per_s=perf.flops / sample.duration_s,
+        kind=step_kind(sample),
+        source=perf.source,
+    )
+
+
 class Telemetry:
     """Everything the engine panel draws, kept for the session in bounded buffers."""
 
@@ -87,6 +129,9 @@ class Telemetry:
         self.itl_request: str | None = None
         self.itl_ms: deque[float] = deque(maxlen=itl)
         self.points: deque[LatencyPoint] = deque(maxlen=points)
+        # The roofline's points: one per step the engine counted (plain values, as above).
+        self.perf_points: deque[PerfPoint] = deque(maxlen=steps)
+        self.perf_version = 0
         self.preemptions_total = 0
         self.preemption: Preemption | None = None
         """The latest preemption, explained (preemption.py); kept until the next one."""
@@ -129,6 +174,10 @@ class Telemetry:
             self.preemption_t = t
             self._victim_token_at = None
         self.latest = sample
+        point = perf_point(sample)
+        if point is not None:
+            self.perf_points.append(point)
+            self.perf_version += 1
         self.requests.sample(sample)
         self.host.add_sample(sample)
         if sample.prefill_tokens > 0 and sample.duration_s > 0:
@@ -258,6 +307,7 @@ class Telemetry:
         self.preempt_t.clear()
         self.itl_ms.clear()
         self.points.clear()
+        self.perf_points.clear()
         self.host.clear()
         self._prefill.clear()
         self.timeline.clear()
@@ -267,6 +317,7 @@ class Telemetry:
         self.steps_version += 1
         self.itl_version += 1
         self.points_version += 1
+        self.perf_version += 1
 
     # -- the latency anatomy ---------------------------------------------------------------
     def worst_token(self) -> int | None:

@@ -1,4 +1,5 @@
-"""EnginePanel: the engine, live: step status, KV block map, KV usage, ITL and latency."""
+"""EnginePanel: the engine, live: step status, KV block map, KV usage, ITL and latency, and
+(F8) the roofline."""
 
 from __future__ import annotations
 
@@ -11,11 +12,20 @@ from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from engine.errors import KvscopeError
 from engine.events import EngineState, ModelCard, StepSample, StepStarted
 from tui import figures
 from tui import format as fmt
 from tui.live_load import LiveLoad, knee
 from tui.load_figure import load_figure, load_key
+from tui.roofline_figure import (
+    NO_PERF_WORDS,
+    Roofs,
+    machine_roofs,
+    roofline_figure,
+    roofline_key,
+    roofline_title,
+)
 from tui.telemetry.buffers import KV_WINDOW_S
 from tui.telemetry.preemption import preemption_words
 from tui.telemetry.request_status import elapsed_words
@@ -28,6 +38,8 @@ from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from textual.app import ComposeResult
 
     from engine.features import FleetWatch
@@ -139,6 +151,8 @@ class EnginePanel(Vertical):
     """The latency plot's y-axis is logarithmic."""
     remote: reactive[bool] = reactive(False)
     """Attached to a server: the block map gives way to what /metrics and KV events show."""
+    show_roofline: reactive[bool] = reactive(False)
+    """The roofline box is shown (F8): off by default, so the other plots keep their rows."""
 
     def __init__(
         self,
@@ -161,6 +175,10 @@ class EnginePanel(Vertical):
         self.fleet: FleetWatch | None = None
         """The replicas behind the router, when attached to a fleet (`--replica`)."""
         self._fleet_read = -HOST_CHECK_S
+        # The roofs the roofline draws, for the card they were looked up for: the roofs, or
+        # why they are not known; None until looked up (when the box is first shown).
+        self._roofs: Roofs | str | None = None
+        self._roofs_card: ModelCard | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="engine-step")
@@ -183,6 +201,9 @@ class EnginePanel(Vertical):
             with Vertical(id="ttft-box", classes="box plot-box") as box:
                 box.border_title = "Latency vs prompt tokens"
                 yield Plot("every reply adds a TTFT and a median-ITL point", id="ttft-plot")
+            with Vertical(id="roofline-box", classes="box plot-box") as box:
+                box.border_title = "Roofline: FLOP/s vs FLOPs per byte"
+                yield Plot(NO_PERF_WORDS, id="roofline-plot")
             with Vertical(id="load-plot-box", classes="box plot-box") as box:
                 box.border_title = "Load: output tok/s vs median ITL"
                 yield Plot("each load point lands here", id="load-plot")
@@ -192,6 +213,39 @@ class EnginePanel(Vertical):
         self.query_one("#preempt-note").display = False
         self._sync_state()
         self.watch_remote(self.remote)
+        # Not the watcher: `is_mounted` is still False while on_mount runs.
+        self.query_one("#roofline-box").display = self.show_roofline
+
+    def watch_show_roofline(self, shown: bool) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#roofline-box").display = shown
+        self._seen.pop("roofline", None)
+
+    def _look_up_roofs(self, card: ModelCard | None) -> None:
+        """Find the card's roofs once: the fake's at once, a machine's on a thread (a
+        file, or NVML), drawn when they arrive."""
+        if card is self._roofs_card and self._roofs is not None:
+            return
+        self._roofs_card = card
+        if card is None:
+            self._roofs = "no engine loaded yet"
+            return
+        if card.device == "fake":
+            self._roofs = machine_roofs(card)
+            return
+        self._roofs = "looking up this machine's roofs…"
+
+        async def look_up() -> None:
+            try:
+                roofs = await asyncio.to_thread(machine_roofs, card)
+            except (KvscopeError, OSError) as exc:
+                roofs = f"this machine's roofs could not be read: {exc}"
+            if card is self._roofs_card:
+                self._roofs = roofs
+                self._seen.pop("roofline", None)
+
+        self.run_worker(look_up(), group="roofline", exclusive=True, exit_on_error=False)
 
     def watch_remote(self, remote: bool) -> None:
         if not self.is_mounted:
@@ -320,6 +374,25 @@ class EnginePanel(Vertical):
             self._host_checked = now
             self._host = self.telemetry.host.warning()
         return self._host
+
+    def _redraw_roofline(self, changed: Callable[[str, object], bool]) -> Plot:
+        """Give the roofline plot its figure and its box its words, when they changed."""
+        self._look_up_roofs(self.card)
+        plot = self.query_one("#roofline-plot", Plot)
+        tel = self.telemetry
+        roofs = self._roofs
+        if changed("roofline", (tel.perf_version, roofs, plot.content_size)):
+            known = roofs if isinstance(roofs, Roofs) else None
+            width, height = plot.content_size
+            figure, summary = roofline_figure(tel.perf_points, known, width, height)
+            plot.set_figure(figure, (tel.perf_version, roofs))
+            why = roofs if isinstance(roofs, str) else ""
+            retitle(
+                self.query_one("#roofline-box"),
+                roofline_title(summary),
+                roofline_key(summary, why) if figure is not None else why,
+            )
+        return plot
 
     async def redraw(self, renderer: PlotRenderer, *, wait: bool = True) -> None:
         """Bring the status, block map and plots up to date with the telemetry.
@@ -455,6 +528,8 @@ class EnginePanel(Vertical):
             self._fleet_read = time.monotonic()
             fleet_view.state = self.fleet.fleet_state()
         plots = [kv_plot, itl_plot, ttft_plot]
+        if self.show_roofline:
+            plots.append(self._redraw_roofline(changed))
         load = self.live_load
         load_box = self.query_one("#load-plot-box")
         load_box.display = load is not None and bool(load.points)

@@ -1,0 +1,209 @@
+"""The roofline panel (issue #32): every step a point under the machine's roofs.
+
+The fake engine sets each step's FLOPs and bytes from its config (engine/fake.py `_perf`),
+so the panel has points on virtual time; the roofs are the fake's set machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import pytest
+from tui_helpers import NARROW, WIDE, engine_ready, make_app, reply_done, settle, step_sample
+
+from engine.clock import VirtualClock
+from engine.events import GenerationRequest, SamplingSettings, StepPerf, StepSample
+from engine.fake import FAKE_MEM_BANDWIDTH, FAKE_PEAK_FLOPS, FakeConfig, FakeEngine
+from engine.sizes import kv_bytes_per_token
+from tui.app import KvscopeApp
+from tui.roofline_figure import (
+    ABOVE_MARK,
+    NO_PERF_WORDS,
+    ROOF_ROLE,
+    Roofs,
+    roofline_figure,
+    roofline_title,
+)
+from tui.telemetry.buffers import Telemetry
+from tui.widgets.plot import Plot
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from tui.plotting import Figure
+
+SIZES = [pytest.param(NARROW, id="80x24"), pytest.param(WIDE, id="160x48")]
+PROMPT = 512
+OUTPUT = 16
+ROOFS = Roofs("the fake's set machine", FAKE_PEAK_FLOPS, FAKE_MEM_BANDWIDTH)
+
+
+def _app(pilot: Pilot[int]) -> KvscopeApp:
+    app = pilot.app
+    assert isinstance(app, KvscopeApp)
+    return app
+
+
+async def _prompt_and_decode(pilot: Pilot[int]) -> None:
+    """A 512-token synthetic prompt and its 16 decode steps, then F8 (the roofline)."""
+    from textual.widgets import Input
+
+    await engine_ready(pilot)
+    main = _app(pilot).main_screen
+    main.controls.query_one("#max-tokens", Input).value = str(OUTPUT)
+    main.controls.synthetic = True
+    main.controls.slider.value = PROMPT
+    await pilot.pause()
+    await main.send("", synthetic=True)
+    await reply_done(pilot)
+    await pilot.press("f8")
+    await settle(pilot)
+
+
+def _samples(config: FakeConfig | None = None) -> list[StepSample]:
+    """The fake's steps for one 512-token prompt and its decode, without the app."""
+    engine = FakeEngine(config, clock=VirtualClock())
+    engine.start()
+    samples: list[StepSample] = []
+    engine.add_step_listener(samples.append)
+    request = GenerationRequest(
+        "r1",
+        prompt_token_ids=engine.synthetic_prompt(PROMPT),
+        sampling=SamplingSettings(max_tokens=OUTPUT, ignore_eos=True),
+    )
+
+    async def run() -> None:
+        async for _ in engine.stream(request):
+            pass
+        engine.shutdown()
+
+    asyncio.run(run())
+    return [s for s in samples if not s.idle]
+
+
+def _telemetry(samples: list[StepSample]) -> Telemetry:
+    tel = Telemetry()
+    for s in samples:
+        tel.add_sample(s)
+    return tel
+
+
+def _drawn(figure: Figure) -> list[tuple[str, float, float]]:
+    """Every step glyph the figure draws, as (marker, intensity, FLOP/s)."""
+    return [
+        (s.marker, 10.0**x, 10.0**y)
+        for s in figure.series
+        if s.kind == "scatter"
+        for x, y in zip(s.xs, s.ys, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_roofline_after_a_512_token_prompt_and_its_decode(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
+    # The prefill ■ right of the ridge, under the flat roof; the decode ● far left on the
+    # slope; the key names both and the roofs; the title the fake's set machine.
+    assert snap_compare(make_app(), terminal_size=size, run_before=_prompt_and_decode)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_f8_shows_the_roofline_with_every_step_and_keeps_the_plots_fitting(
+    size: tuple[int, int],
+) -> None:
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await _prompt_and_decode(pilot)
+        panel = app.main_screen.engine_panel
+        box = panel.query_one("#roofline-box")
+        plot = panel.query_one("#roofline-plot", Plot)
+        assert box.display and plot.has_drawing
+        # 1 prefill step (its first token comes with it) and 15 decode steps.
+        title = str(box.border_title)
+        assert f"{OUTPUT:,} steps (fake)" in title
+        assert "roofs: the fake's set machine" in str(box.border_subtitle)
+        grid = panel.query_one("#engine-grid")
+        # Reachable: F8 scrolled the box into the Engine column's view.
+        assert grid.region.contains_region(box.region)
+        if size == WIDE:
+            # Readable at 160x48: every plot box has its least height, none is squeezed.
+            assert not panel.has_class("-tight")
+            for other in ("#kv-box", "#itl-box", "#ttft-box", "#roofline-box"):
+                assert grid.region.contains_region(panel.query_one(other).region)
+        await pilot.press("f8")
+        await settle(pilot)
+        assert not box.display
+
+
+async def test_the_box_says_in_words_when_no_step_is_counted() -> None:
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        await pilot.press("f8")
+        await settle(pilot)
+        plot = app.main_screen.engine_panel.query_one("#roofline-plot", Plot)
+        assert not plot.has_figure
+        assert "--enable-mfu-metrics" in str(plot.render())
+    assert "--enable-mfu-metrics" in NO_PERF_WORDS
+
+
+def test_the_fakes_counts_are_set_from_its_config() -> None:
+    config = FakeConfig()
+    samples = _samples(config)
+    weights = config.params * config.bytes_per_param
+    kv = kv_bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim, 2)
+    prefill, decode = samples[0], samples[1]
+    assert prefill.prefill_tokens == PROMPT and prefill.perf is not None
+    assert prefill.perf.flops == 2 * config.params * PROMPT
+    assert prefill.perf.read_bytes == weights  # an empty cache: the weights only
+    assert prefill.perf.write_bytes == kv * PROMPT
+    assert decode.decode_tokens == 1 and decode.perf is not None
+    assert decode.perf.flops == 2 * config.params
+    # The weights once and the prompt's KV (the first output token's is written now).
+    assert decode.perf.read_bytes == weights + kv * PROMPT
+    assert decode.perf.write_bytes == kv
+    assert all(s.perf is not None and s.perf.source == "fake" for s in samples)
+
+
+def test_prefill_lands_right_of_decode_and_every_step_under_the_roofs() -> None:
+    tel = _telemetry(_samples())
+    figure, summary = roofline_figure(tel.perf_points, ROOFS, 100, 20)
+    assert figure is not None
+    assert summary.kinds == ("prefill", "decode") and summary.above == 0
+    drawn = _drawn(figure)
+    prefill = [x for m, x, _ in drawn if m == "■"]
+    decode = [x for m, x, _ in drawn if m == "●"]
+    assert prefill and decode
+    assert min(prefill) > max(decode)
+    # Either side of the ridge: prefill compute-bound, decode memory-bound.
+    assert min(prefill) > ROOFS.ridge > max(decode)
+    for _, x, y in drawn:
+        assert y <= ROOFS.roof(x)
+    assert "above" not in figure.label and "above" not in roofline_title(summary)
+    # The roofs: a slope up to the ridge, then flat at the peak.
+    (roof,) = [s for s in figure.series if s.role == ROOF_ROLE]
+    assert math.isclose(10.0 ** roof.ys[-1], FAKE_PEAK_FLOPS)
+    assert math.isclose(10.0 ** roof.xs[1], ROOFS.ridge)
+
+
+def test_nothing_is_drawn_above_a_roof_without_the_words() -> None:
+    tel = _telemetry(_samples())
+    # A step that did the whole prompt's FLOPs in a microsecond: above the flat roof.
+    fast = step_sample(step=99, started_at=50.0, prefill=PROMPT, duration=1e-6)
+    prompt = tel.perf_points[0]
+    flops = prompt.flops_per_s * 0.01  # any FLOPs: over 1 µs they beat the peak
+    perf = StepPerf(flops, flops / prompt.intensity, 0.0, "fake")
+    tel.add_sample(dataclasses.replace(fast, perf=perf))
+    figure, summary = roofline_figure(tel.perf_points, ROOFS, 100, 20)
+    assert figure is not None
+    assert summary.above == 1
+    words = "1 step above a roof: calibration problem"
+    assert words in figure.label and words in roofline_title(summary)
+    above = [(x, y) for m, x, y in _drawn(figure) if y > ROOFS.roof(x)]
+    assert len(above) == 1
+    assert [m for m, x, y in _drawn(figure) if y > ROOFS.roof(x)] == [ABOVE_MARK]
+    # Never as a share of the peak over 100 %.
+    assert "%" not in figure.label and "%" not in roofline_title(summary)
+    # Older steps fade: the fake's request ended 50 s of engine time before that step.
+    assert summary.dim
