@@ -63,6 +63,16 @@ prompt, median ITL (×) stays flat. A copy that queued behind others is drawn as
 queue time taken off; a reply measured while the host was busy is hollow and dim (○ TTFT,
 + ITL). F9 clears the plots; ctrl+y puts that plot on a log scale.
 
+**Roofline** (F8, in the Engine column). Each engine step whose work the engine counted
+(vLLM with `--enable-mfu-metrics`; the fake sets its own counts) is one point: x its
+arithmetic intensity (FLOPs per byte it moved), y the FLOP/s it achieved, both on log
+scales; ■ prefill, ● decode, ◆ both in one step; the last 5 s bright, older steps dim.
+Under the slope a step is memory-bound: it waits on bytes, as decode does, reading every
+weight for one token per request. Under the flat roof it is compute-bound, as a long
+prompt's prefill is. The ridge is where the two roofs meet: more users move decode right,
+towards it, because the batch shares the weight reads. No step can beat a roof: a point
+above one (!) is a calibration problem, and the plot says so in words.
+
 **Latency anatomy.** A finished reply's footer splits its TTFT into queue, its own prefill
 (and in how many chunks), others' work in those steps, and preemption, when the engine
 measures them step by step. F6 turns the ITL plot into the *timeline*: one row per request,
