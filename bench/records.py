@@ -10,8 +10,13 @@ import dataclasses
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from roofline.step_perf import RESIDUAL_TOLERANCE, perf_check
+
 if TYPE_CHECKING:
-    from engine.events import RequestFinished
+    from collections.abc import Sequence
+
+    from engine.events import RequestFinished, StepSample
+    from roofline.step_perf import StepModel
 
 
 def request_record(done: RequestFinished) -> dict[str, Any]:
@@ -50,4 +55,42 @@ def request_record(done: RequestFinished) -> dict[str, Any]:
         out["server"] = dataclasses.asdict(done.server)
     if done.fleet is not None:
         out["fleet"] = dataclasses.asdict(done.fleet)
+    return out
+
+
+def step_records(samples: Sequence[StepSample], model: StepModel | None) -> list[dict[str, Any]]:
+    """Each step as JSON: the sample's fields, kvscope's count of it (`perf_model`, when
+    `model` is given; it must see every step, in order) and `perf_check`, vLLM's count
+    (`perf`) held to kvscope's (roofline/step_perf.py); null where either is missing."""
+    rows = []
+    for sample in samples:
+        modelled = model.observe(sample) if model is not None else None
+        if modelled is not None:
+            sample = dataclasses.replace(sample, perf_model=modelled.perf)
+        row = dataclasses.asdict(sample)
+        checked = perf_check(sample.perf, modelled) if sample.perf and modelled else None
+        row["perf_check"] = checked.to_dict() if checked is not None else None
+        rows.append(row)
+    return rows
+
+
+def step_perf_summary(rows: Sequence[dict[str, Any]], missing: str = "") -> dict[str, Any]:
+    """What the steps' two counts say together: how many steps both counted, how many
+    agree within the tolerance once the named differences are added, and why a count is
+    missing (`missing`: no model of this engine's geometry)."""
+    checked = [r["perf_check"] for r in rows if r["perf_check"] is not None]
+    out: dict[str, Any] = {
+        "tolerance": RESIDUAL_TOLERANCE,
+        "about": (
+            "perf is vLLM's count (--enable-mfu-metrics), perf_model kvscope's roofline "
+            "model; they agree when vLLM's is kvscope's plus the differences named in "
+            "perf_check (attention past causal, activations), within the tolerance"
+        ),
+        "steps": len(rows),
+        "steps_counted_by_vllm": sum(1 for r in rows if r["perf"] is not None),
+        "steps_compared": len(checked),
+        "steps_agree": sum(1 for c in checked if c["agree"]),
+    }
+    if missing:
+        out["missing"] = missing
     return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.load_loops import failure_cause
-from bench.records import request_record
+from bench.records import request_record, step_perf_summary, step_records
 from engine.clock import RealClock
 from engine.errors import BadOption, ConnectionLost, KvscopeError, PromptTooLong
 from engine.events import (
@@ -40,7 +40,9 @@ from engine.visible_text import visible
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from engine.events import ModelCard
     from engine.protocol import Engine
+    from roofline.step_perf import StepModel
 
 DEFAULT_PROMPT = "Say hello in one sentence."
 # Far past any context window this tool can send (1M tokens are a few MB of text); a
@@ -310,14 +312,32 @@ def _with_context(
     """The request's record with the model, the steps seen and the reply's text."""
     card = engine.card
     remote = engine.features.remote is not None
-    return {
+    model, missing = (None, "") if remote else _step_model(card)
+    steps = step_records(samples, model)
+    result = {
         **record,
         "model": dataclasses.asdict(card) if card else None,
         # Attached to a server there are no steps: these are its /metrics scrapes.
         "steps_are": "scrapes" if remote else "engine steps",
-        "steps": [dataclasses.asdict(s) for s in samples],
+        "steps": steps,
         "text": "".join(text),
     }
+    if not remote:
+        result["step_perf"] = step_perf_summary(steps, missing)
+    return result
+
+
+def _step_model(card: ModelCard | None) -> tuple[StepModel | None, str]:
+    """kvscope's roofline model of the engine's steps, or why there is none."""
+    from roofline.hardware import load_geometry
+    from roofline.step_perf import StepModel
+
+    if card is None:
+        return None, "the engine has no model card"
+    try:
+        return StepModel.for_card(load_geometry(card.path), card), ""
+    except BadOption as exc:
+        return None, f"kvscope has no roofline model of {card.name}: {exc.reason}"
 
 
 def print_result(result: dict[str, Any], as_json: bool) -> None:

@@ -137,3 +137,22 @@ async def test_vllms_count_is_kvscopes_plus_the_named_differences(vllm_engine: E
             # activations of one token are far under the tolerance of the weights).
             assert not any(d.startswith(("flops", "read")) for d in check.differences), check
             assert s.perf.flops == pytest.approx(modelled.perf.flops, rel=RESIDUAL_TOLERANCE)
+
+
+async def test_generate_json_gives_both_counts_for_every_step(vllm_engine: Engine) -> None:
+    """What `kvscope generate --prompt-tokens 512 --max-tokens 16 --json` prints."""
+    from cli.generate import GenerateInputs, build_request, generate_once
+
+    inputs = GenerateInputs(None, PROMPT, SamplingSettings(max_tokens=OUTPUT, ignore_eos=True))
+    result = await generate_once(vllm_engine, build_request(vllm_engine, inputs))
+    steps = result["steps"]
+    assert sum(s["prefill_tokens"] for s in steps) == PROMPT
+    for s in steps:
+        assert s["perf"]["source"] == "vllm" and s["perf_model"]["source"] == "kvscope"
+        assert s["perf_check"]["agree"], s["perf_check"]
+    summary = result["step_perf"]
+    assert summary["tolerance"] == RESIDUAL_TOLERANCE
+    assert summary["steps_agree"] == summary["steps_compared"] == len(steps)
+    # The prompt's step names what vLLM counts beyond kvscope: its activations written.
+    prefill = next(s for s in steps if s["prefill_tokens"])
+    assert any(d.startswith("write bytes") for d in prefill["perf_check"]["differences"])
