@@ -13,6 +13,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 import pytest
+from engine_hooks import SCHEDULING_MODES, scheduling
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
 from engine.vllm.options import build_engine_settings
@@ -22,6 +23,7 @@ from roofline.step_perf import RESIDUAL_TOLERANCE, RequestSlice, StepModel, perf
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
+    from engine.vllm.engine import VllmEngine
 
 PROMPT = 512
 OUTPUT = 16
@@ -122,11 +124,18 @@ def test_kvscopes_step_count_is_the_floors_count(key: str) -> None:
     assert sum(chunks) == prefill_flops(geom, PROMPT) + 2 * geom.vocab_size * geom.hidden_size
 
 
-async def test_vllms_count_is_kvscopes_plus_the_named_differences(vllm_engine: Engine) -> None:
+@pytest.mark.parametrize("mode", SCHEDULING_MODES)
+async def test_vllms_count_is_kvscopes_plus_the_named_differences(
+    vllm_engine: VllmEngine, mode: str
+) -> None:
+    """Every step's count from vLLM is that step's: with a batch in flight (async
+    scheduling, a batch queue) too, where a step hands out the batch before the one the
+    scheduler just made (a count from the wrong batch is a prompt's in a decode step)."""
     card = vllm_engine.card
     assert card is not None
     model = StepModel.for_card(load_geometry(card.path), card)
-    steps = await _steps_of(vllm_engine, {"perf-agree": (PROMPT, OUTPUT)}, seed=3240)
+    with scheduling(vllm_engine, mode):
+        steps = await _steps_of(vllm_engine, {f"perf-agree-{mode}": (PROMPT, OUTPUT)}, seed=3240)
     for s in steps:
         modelled = model.observe(s)
         assert s.perf is not None and modelled is not None
