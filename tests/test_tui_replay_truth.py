@@ -309,3 +309,16 @@ async def test_the_sweep_tapes_synthetic_replies_are_folded_not_system_system() 
         assert "tokens of synthetic output, folded" in screen_text
         replies = main.chat.replies()
         assert replies and all(r.synthetic for r in replies)
+
+
+async def test_a_replayed_reply_does_not_offer_esc(pool: Tape) -> None:
+    """Esc stops a live reply; a replayed one cannot be stopped, so its footer does not
+    say "Esc stops" (it did, while the tape's reply streamed)."""
+    app = replay_app(pool)
+    async with app.run_test(size=WIDE) as pilot:
+        main = await playing(pilot)
+        main.replay.seek(AT)
+        await shown(pilot)
+        text = "\n".join(screen_lines(app))
+        assert "streaming · " in text  # r2's copies are mid-reply at this record
+        assert "Esc stops" not in text

@@ -146,6 +146,7 @@ class ReplayScreen(MainScreen):
         chat_input = self.chat.input
         chat_input.disabled = True
         chat_input.display = False
+        self.chat.stoppable = False  # Esc does not stop a replayed reply: no footer says so
         tape = self.replay.tape
         note = Static(replay_note(self.tape_name, tape.created if tape else ""), id="replay-note")
         self.chat.mount(note)

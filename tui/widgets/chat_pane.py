@@ -65,6 +65,8 @@ class ChatPane(Vertical):
     synthetic_tokens: reactive[int | None] = reactive(None)
     """When set, Enter sends a synthetic prompt of this many tokens (bound from the
     controls), with whatever is typed appended; an empty Enter sends it too."""
+    stoppable = True
+    """Esc stops a streaming reply here, and its footer says so; a replay's cannot."""
 
     @dataclass
     class Submitted(Message):
@@ -157,7 +159,9 @@ class ChatPane(Vertical):
         synthetic: bool = False,
     ) -> ReplyBlock:
         await self._drop_hint()
-        reply = ReplyBlock(title, request_ids, status=status, synthetic=synthetic)
+        reply = ReplyBlock(
+            title, request_ids, status=status, synthetic=synthetic, stoppable=self.stoppable
+        )
         await self.transcript.mount(reply)
         reply.set_latency_mode(self.latency_colours)
         self.transcript.anchor()

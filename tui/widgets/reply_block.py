@@ -86,10 +86,13 @@ class ReplyBlock(SingleLayout, Vertical):
         *,
         status: StatusSource | None = None,
         synthetic: bool = False,
+        stoppable: bool = True,
         id: str | None = None,
     ) -> None:
         super().__init__(id=id, classes="-streaming -noise" if synthetic else "-streaming")
         self.synthetic = synthetic
+        self.stoppable = stoppable
+        """Esc stops this reply while it streams (not in a replay): its footer says so."""
         """The reply to a synthetic prompt: its text is noise ("'n'n'n"), its tokens the
         measurement. Its body is folded to one line unless clicked open."""
         self.title = title
@@ -350,7 +353,8 @@ class ReplyBlock(SingleLayout, Vertical):
                 fields = (f"{where.words}…",)
             # While streaming, the footer keeps its line count: no re-layout of the
             # transcript for a changed token count (that would cost a reflow per tick).
-            footer.set_fields((*fields, "Esc stops"), layout=False)
+            stop = ("Esc stops",) if self.stoppable else ()
+            footer.set_fields((*fields, *stop), layout=False)
         if len(self.copies) > 1:
             self._show_copies()
 
