@@ -522,6 +522,10 @@ class ScrapeSample:
     queue_time: HistogramDelta
     e2e: HistogramDelta
     server_restarted: bool = False  # counters went back: deltas now run from the restart
+    # The server's own estimate of the window's FLOPs and bytes per GPU (its
+    # `vllm:estimated_*_per_gpu_total` deltas, source "vllm counters"); None without
+    # `--enable-mfu-metrics`, or on the first scrape.
+    perf: StepPerf | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,3 +165,36 @@ async def test_generate_json_gives_both_counts_for_every_step(vllm_engine: Engin
     # The prompt's step names what vLLM counts beyond kvscope: its activations written.
     prefill = next(s for s in steps if s["prefill_tokens"])
     assert any(d.startswith("write bytes") for d in prefill["perf_check"]["differences"])
+
+
+def _with_estimates(text: str, flops: float, read: float, write: float) -> str:
+    model = 'engine="0",model_name="/root/.cache/kvscope/models/SmolLM2-135M-Instruct"'
+    lines = []
+    for name, value in (("flops", flops), ("read_bytes", read), ("write_bytes", write)):
+        metric = f"vllm:estimated_{name}_per_gpu"
+        lines += [f"# TYPE {metric} counter", f"{metric}_total{{{model}}} {value}"]
+    return text + "\n".join(lines) + "\n"
+
+
+def test_a_servers_estimated_counters_give_each_scrape_window_its_work() -> None:
+    from pathlib import Path
+
+    from engine.remote.metrics import ScrapeState, cache_info, parse_metrics, step_sample
+
+    busy = (Path(__file__).parent / "fixtures" / "remote" / "metrics_busy.txt").read_text()
+    state = ScrapeState()
+    first = parse_metrics(_with_estimates(busy, 1e9, 5e8, 1e7))
+    assert state.update(first, 1.0, cache_info(first)).perf is None  # no window yet
+    second = parse_metrics(_with_estimates(busy, 4e9, 8e8, 3e7))
+    window = state.update(second, 2.0, cache_info(second))
+    assert window.perf is not None
+    assert (window.perf.flops, window.perf.read_bytes, window.perf.write_bytes) == (3e9, 3e8, 2e7)
+    assert window.perf.source == "vllm counters"
+    assert step_sample(window).perf == window.perf
+    # A server without --enable-mfu-metrics exports them at zero, or not at all: no
+    # count, not a window of zero work.
+    for text in (busy, _with_estimates(busy, 0, 0, 0)):
+        plain = ScrapeState()
+        for at in (1.0, 2.0):
+            parsed = parse_metrics(text)
+            assert plain.update(parsed, at, cache_info(parsed)).perf is None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.events import EngineRow, HistogramDelta, ScrapeSample, StepSample
+from engine.events import EngineRow, HistogramDelta, ScrapeSample, StepPerf, StepSample
 from engine.remote import vllm_metrics as vm
 
 if TYPE_CHECKING:
@@ -41,7 +41,13 @@ COUNTERS = {
     "preemptions": vm.PREEMPTIONS,
     "queries": vm.PREFIX_CACHE_QUERIES,
     "hits": vm.PREFIX_CACHE_HITS,
+    "flops": vm.ESTIMATED_FLOPS,
+    "read_bytes": vm.ESTIMATED_READ_BYTES,
+    "write_bytes": vm.ESTIMATED_WRITE_BYTES,
 }
+PERF_KEYS = ("flops", "read_bytes", "write_bytes")
+PERF_SOURCE = "vllm counters"
+"""`StepPerf.source` of a scrape window's counts: the estimated counters' deltas."""
 HISTOGRAMS = {
     "ttft": vm.TIME_TO_FIRST_TOKEN,
     "itl": vm.INTER_TOKEN_LATENCY,
@@ -392,7 +398,34 @@ class ScrapeState:
             prefix_cache_hit_rate=hits / queries if queries > 0 else None,
             **hists,
             server_restarted=self.restarted,
+            perf=_window_perf(snap, prev, engines),
         )
+
+
+def _window_perf(now: _Snapshot, prev: _Snapshot | None, engines: list[str]) -> StepPerf | None:
+    """The work the server counted between the previous scrape and this one, per GPU: each
+    engine's deltas of the three estimated counters, averaged over the data-parallel
+    engines that report them (each is already per GPU of its own TP x PP). None before a
+    window exists, or while no FLOP was ever counted: vLLM 0.32 exports the counters at
+    zero without --enable-mfu-metrics, so a server that ran tokens and counted no FLOPs
+    has the flag off (and one that ran nothing yet has no point to draw)."""
+    if prev is None:
+        return None
+    reporting = [e for e in engines if all(k in now.counters.get(e, {}) for k in PERF_KEYS)]
+    if not reporting or not any(now.counters[e]["flops"] > 0 for e in reporting):
+        return None
+    totals = dict.fromkeys(PERF_KEYS, 0.0)
+    for engine in reporting:
+        for key in PERF_KEYS:
+            then = prev.counters.get(engine, {}).get(key, 0.0)
+            totals[key] += max(0.0, now.counters[engine][key] - then)
+    n = len(reporting)
+    return StepPerf(
+        flops=totals["flops"] / n,
+        read_bytes=totals["read_bytes"] / n,
+        write_bytes=totals["write_bytes"] / n,
+        source=PERF_SOURCE,
+    )
 
 
 def _rate(amount: float, interval: float, prev: _Snapshot | None) -> float:
@@ -418,6 +451,7 @@ def step_sample(sample: ScrapeSample) -> StepSample:
         total_blocks=sample.total_blocks,
         block_size=sample.block_size,
         preemptions=sample.new_preemptions,
+        perf=sample.perf,
     )
 
 

@@ -54,6 +54,21 @@ PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 """Prefix-cache hits, counted in tokens found cached: hits / queries is the hit rate."""
 
+ESTIMATED_FLOPS = "vllm:estimated_flops_per_gpu_total"
+"""FLOPs per GPU by vLLM's analytic model of the architecture (`vllm/v1/metrics/perf.py`),
+summed over every step. Only a server started with `--enable-mfu-metrics` has it (and the
+two byte counters below); kvscope takes the deltas between scrapes as one roofline point
+per scrape window."""
+
+ESTIMATED_READ_BYTES = "vllm:estimated_read_bytes_per_gpu_total"
+"""Bytes read from memory per GPU (weights, KV cache, activations), by the same model."""
+
+ESTIMATED_WRITE_BYTES = "vllm:estimated_write_bytes_per_gpu_total"
+"""Bytes written to memory per GPU (KV cache, activations), by the same model."""
+
+MFU_FLAG = "--enable-mfu-metrics"
+"""The `vllm serve` flag that turns the three estimated counters on."""
+
 # -- histograms (seconds, per request) -----------------------------------------------------------
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
 """From the request's arrival at the engine to its first token."""
