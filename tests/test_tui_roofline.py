@@ -207,3 +207,18 @@ def test_nothing_is_drawn_above_a_roof_without_the_words() -> None:
     assert "%" not in figure.label and "%" not in roofline_title(summary)
     # Older steps fade: the fake's request ended 50 s of engine time before that step.
     assert summary.dim
+
+
+def test_a_mixed_step_has_its_own_mark_and_old_steps_fade() -> None:
+    tel = Telemetry()
+    work = StepPerf(2e9, 4e8, 0.0, "fake")  # 5 FLOPs per byte, under the slope's 160 GFLOP/s
+    old = step_sample(step=1, started_at=0.0, prefill=8, decode=1, duration=1.0)
+    new = step_sample(step=2, started_at=10.0, prefill=8, decode=3, duration=1.0)
+    for s in (old, new):
+        tel.add_sample(dataclasses.replace(s, perf=work))
+    figure, summary = roofline_figure(tel.perf_points, ROOFS, 100, 20)
+    assert figure is not None
+    assert summary.kinds == ("mixed",) and summary.dim
+    roles = {(s.marker, s.role) for s in figure.series if s.kind == "scatter"}
+    # The newer step bright in the mixed colour; the one 10 s older dim, same glyph.
+    assert roles == {("◆", "p90"), ("◆", "axes")}
