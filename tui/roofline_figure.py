@@ -62,7 +62,7 @@ NO_PERF_WORDS = (
 class Roofs:
     """A machine's two roofs: peak FLOP/s (flat) and memory bandwidth (the slope)."""
 
-    name: str  # whose: "this CPU, calibrated", "the fake's set machine", "NVIDIA H100 SXM"
+    name: str  # whose: "this CPU (calibrated)", "the fake's set machine", "NVIDIA H100 SXM"
     peak_flops: float
     bandwidth: float  # bytes/s
 
