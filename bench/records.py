@@ -75,9 +75,10 @@ def step_records(samples: Sequence[StepSample], model: StepModel | None) -> list
 
 
 def step_perf_summary(rows: Sequence[dict[str, Any]], missing: str = "") -> dict[str, Any]:
-    """What the steps' two counts say together: how many steps both counted, how many
-    agree within the tolerance once the named differences are added, and why a count is
-    missing (`missing`: no model of this engine's geometry)."""
+    """What the steps' two counts say together: how many steps the engine counted (vLLM, or
+    a fake's set counts), how many both counted, how many agree within the tolerance once
+    the named differences are added, and why kvscope's count is missing (`missing`: no
+    model of this engine's geometry)."""
     checked = [r["perf_check"] for r in rows if r["perf_check"] is not None]
     out: dict[str, Any] = {
         "tolerance": RESIDUAL_TOLERANCE,
@@ -87,7 +88,7 @@ def step_perf_summary(rows: Sequence[dict[str, Any]], missing: str = "") -> dict
             "perf_check (attention past causal, activations), within the tolerance"
         ),
         "steps": len(rows),
-        "steps_counted_by_vllm": sum(1 for r in rows if r["perf"] is not None),
+        "steps_counted_by_engine": sum(1 for r in rows if r["perf"] is not None),
         "steps_compared": len(checked),
         "steps_agree": sum(1 for c in checked if c["agree"]),
     }
