@@ -334,6 +334,9 @@ def _step_model(card: ModelCard | None) -> tuple[StepModel | None, str]:
 
     if card is None:
         return None, "the engine has no model card"
+    if card.parallel:
+        # vLLM counts per GPU of the model's split; kvscope's model is of the whole model.
+        return None, f"vLLM counts per GPU of {card.parallel}; kvscope's model is one device's"
     try:
         return StepModel.for_card(load_geometry(card.path), card), ""
     except BadOption as exc:

@@ -198,3 +198,20 @@ def test_a_servers_estimated_counters_give_each_scrape_window_its_work() -> None
         for at in (1.0, 2.0):
             parsed = parse_metrics(text)
             assert plain.update(parsed, at, cache_info(parsed)).perf is None
+
+
+def test_a_model_split_over_devices_is_not_compared() -> None:
+    """vLLM counts per GPU of TP x PP; kvscope's model is the whole model's."""
+    import dataclasses
+
+    from cli.generate import _step_model
+    from engine.fake import FakeEngine
+
+    fake = FakeEngine()
+    card = fake.start()
+    fake.shutdown()
+    split = dataclasses.replace(card, path="smollm2-135m-instruct", parallel="TP 2 x PP 1 x DP 1")
+    model, why = _step_model(split)
+    assert model is None and "per GPU of TP 2 x PP 1 x DP 1" in why
+    alone, none = _step_model(dataclasses.replace(split, parallel=""))
+    assert alone is not None and none == ""
