@@ -108,31 +108,35 @@ class StepModel:
         elem = dtype_bytes(card.dtype) if known else geom.dtype_bytes
         return cls(dataclasses.replace(geom, dtype_bytes=elem))
 
-    def slices(self, sample: StepSample) -> list[RequestSlice]:
-        """Each request's tokens and context in `sample`; keeps the contexts for the next."""
+    def observe(self, sample: StepSample) -> ModelledStep | None:
+        """kvscope's count of `sample` (None for a step with no work, or an idle one);
+        keeps each request's context for the next step. One pass over the step's requests,
+        no object made per request: it runs on every step of a 256-request batch."""
+        if sample.idle:
+            return None
         after = {b.request_id: b.num_tokens for b in sample.blocks}
-        out = []
+        before = self._context
         now: dict[str, int] = {}
+        tokens = requests = pairs = full_pairs = context = 0
         for w in sample.work:
             n = w.prefill_tokens + w.decode_tokens
             if n <= 0:
                 continue
-            context = after.get(w.request_id) or self._context.get(w.request_id, 0) + n
-            context = max(context, n)
-            now[w.request_id] = context
-            out.append(RequestSlice(n, context))
+            rid = w.request_id
+            c = max(after.get(rid) or before.get(rid, 0) + n, n)
+            now[rid] = c
+            tokens += n
+            requests += 1
+            context += c
+            full_pairs += n * c
+            pairs += n * c - n * (n - 1) // 2
         # Requests still running but not in this step keep theirs; finished ones go.
-        for rid, tokens in after.items():
-            now.setdefault(rid, tokens)
+        for rid, c in after.items():
+            now.setdefault(rid, c)
         self._context = now
-        return out
-
-    def observe(self, sample: StepSample) -> ModelledStep | None:
-        """kvscope's count of `sample` (None for a step with no work, or an idle one)."""
-        if sample.idle:
+        if not requests:
             return None
-        parts = self.slices(sample)
-        return self.count(parts) if parts else None
+        return self._counted(tokens, requests, pairs, full_pairs, context)
 
     def attach(self, sample: StepSample) -> StepSample:
         """`sample` with kvscope's count as its `perf_model`."""
@@ -140,6 +144,7 @@ class StepModel:
         return dataclasses.replace(sample, perf_model=modelled.perf if modelled else None)
 
     def count(self, parts: Iterable[RequestSlice]) -> ModelledStep:
+        """kvscope's count of a step of these requests' parts (no context kept)."""
         tokens = requests = pairs = full_pairs = context = 0
         for s in parts:
             tokens += s.tokens
@@ -147,6 +152,11 @@ class StepModel:
             context += s.context
             full_pairs += s.tokens * s.context
             pairs += s.tokens * s.context - s.tokens * (s.tokens - 1) // 2
+        return self._counted(tokens, requests, pairs, full_pairs, context)
+
+    def _counted(
+        self, tokens: int, requests: int, pairs: int, full_pairs: int, context: int
+    ) -> ModelledStep:
         flops = tokens * self._matmul_flops + pairs * self._pair_flops
         flops += requests * self._logit_flops
         perf = StepPerf(

@@ -16,7 +16,6 @@ import pytest
 from engine_hooks import SCHEDULING_MODES, scheduling
 
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
-from engine.vllm.options import build_engine_settings
 from roofline.floors import decode_flops_per_token, prefill_flops
 from roofline.hardware import load_geometry
 from roofline.step_perf import RESIDUAL_TOLERANCE, RequestSlice, StepModel, perf_check
@@ -70,6 +69,8 @@ def _intensity(sample: StepSample) -> float:
 
 
 def test_kvscope_turns_vllms_count_on_unless_told_not_to() -> None:
+    from engine.vllm.options import build_engine_settings
+
     assert build_engine_settings([], prepare=False).engine_args.enable_mfu_metrics is True
     off = build_engine_settings(["--no-enable-mfu-metrics"], prepare=False)
     assert off.engine_args.enable_mfu_metrics is False
@@ -215,3 +216,28 @@ def test_a_model_split_over_devices_is_not_compared() -> None:
     assert model is None and "per GPU of TP 2 x PP 1 x DP 1" in why
     alone, none = _step_model(dataclasses.replace(split, parallel=""))
     assert alone is not None and none == ""
+
+
+def test_a_request_that_ends_in_its_step_keeps_its_context() -> None:
+    """It is gone from the step's blocks: its context is the last one seen, plus the step's
+    tokens (the KV its last decode read)."""
+    from engine.events import RequestBlocks, RequestWork
+
+    geom = load_geometry("llama-3.1-8b")
+    model = StepModel(geom)
+
+    def step(n: int, prefill: int, decode: int, held: int | None) -> StepSample:
+        blocks = (RequestBlocks("r", (0,), held),) if held is not None else ()
+        return StepSample(
+            step=n, started_at=0.0, duration_s=0.1, prefill_tokens=prefill,
+            decode_tokens=decode, running=1, waiting=0, kv_usage=0.5, free_blocks=1,
+            total_blocks=2, block_size=16, blocks=blocks,
+            work=(RequestWork("r", prefill, decode),),
+        )  # fmt: skip
+
+    first = model.observe(step(1, PROMPT, 0, PROMPT))
+    assert first is not None and first.perf.flops == prefill_flops(geom, PROMPT)
+    last = model.observe(step(2, 0, 1, None))
+    assert last is not None
+    assert last.perf.flops == decode_flops_per_token(geom, PROMPT + 1)
+    assert last.vllm_only.flops == 0  # one query: no pair past the causal ones
