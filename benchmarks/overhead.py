@@ -59,7 +59,7 @@ class StepCost:
     loop_s: float = 0.0  # the whole of kvscope's _one_step
     steps: int = 0
     on: bool = False
-    installed: bool = False
+    installed_on: int | None = None  # id() of the engine whose steps are timed
 
 
 COST = StepCost()  # one set of timers per engine: wrapping step() twice would count twice
@@ -169,9 +169,9 @@ def run_case(engine: Any, case: Case, rounds: int) -> None:
     cost = COST
     cost.step_s = cost.loop_s = 0.0
     cost.steps = 0
-    if not cost.installed:
+    if cost.installed_on != id(engine):  # a second engine in this process is timed too
         instrument(engine, cost)
-        cost.installed = True
+        cost.installed_on = id(engine)
     print(f"\n{case.name}: {case.prompts} x {case.prompt_len}-token prompts", end="")
     print(f" -> {case.output_len} tokens")
     head = f"{'round':>5}  {'bare tok/s':>10}  {'kvscope tok/s':>13}  {'ratio':>6}"
