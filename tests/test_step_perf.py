@@ -151,10 +151,16 @@ async def test_vllms_count_is_kvscopes_plus_the_named_differences(
 
 async def test_generate_json_gives_both_counts_for_every_step(vllm_engine: Engine) -> None:
     """What `kvscope generate --prompt-tokens 512 --max-tokens 16 --json` prints."""
-    from cli.generate import GenerateInputs, build_request, generate_once
+    from cli.generate import generate_once
 
-    inputs = GenerateInputs(None, PROMPT, SamplingSettings(max_tokens=OUTPUT, ignore_eos=True))
-    result = await generate_once(vllm_engine, build_request(vllm_engine, inputs))
+    # Its own prompt (generate's is the default seed's, which other tests of this session
+    # send too): none of it is in the prefix cache, so every token is prefilled here.
+    request = GenerationRequest(
+        "generate",
+        prompt_token_ids=vllm_engine.synthetic_prompt(PROMPT, seed=5151),
+        sampling=SamplingSettings(max_tokens=OUTPUT, ignore_eos=True),
+    )
+    result = await generate_once(vllm_engine, request)
     steps = result["steps"]
     assert sum(s["prefill_tokens"] for s in steps) == PROMPT
     for s in steps:
