@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from engine_hooks import SCHEDULING_MODES, scheduling
+from test_truth import _run
 
-from engine.events import GenerationRequest, RequestFinished, SamplingSettings, StepSample
+from engine.events import GenerationRequest, SamplingSettings, StepSample
 from roofline.floors import decode_flops_per_token, prefill_flops
 from roofline.hardware import load_geometry
 from roofline.step_perf import RESIDUAL_TOLERANCE, RequestSlice, StepModel, perf_check
@@ -26,18 +27,6 @@ if TYPE_CHECKING:
 
 PROMPT = 512
 OUTPUT = 16
-
-
-async def _run(engine: Engine, rid: str, n: int, max_tokens: int, seed: int) -> RequestFinished:
-    ids = engine.synthetic_prompt(n, seed=seed)
-    request = GenerationRequest(
-        rid, prompt_token_ids=ids, sampling=SamplingSettings(max_tokens=max_tokens, ignore_eos=True)
-    )
-    last = None
-    async for event in engine.stream(request):
-        last = event
-    assert isinstance(last, RequestFinished)
-    return last
 
 
 async def _steps_of(

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
+from test_tui_live_load import _point
 from textual.content import Content
 from textual.widgets._footer import FooterKey
 from tui_helpers import NARROW, WIDE, engine_ready, make_app, settle, step_sample, wait_until
 
-from bench.load_result import LoadPoint
 from engine.events import RequestBlocks
 from engine.fake import FakeConfig
 from tui.load_figure import load_key, load_points_figure
@@ -39,19 +39,6 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64)
 NAMED = 3
 """Requests the block map names at most; the rest are one "+N more" line (a line each
 pushed the plots below the fold)."""
-
-
-def _point(users: int, out_tps: float, itl_ms: float) -> LoadPoint:
-    return LoadPoint(
-        profile="concurrency",
-        max_concurrency=users,
-        request_rate=None,
-        burstiness=None,
-        completed=10,
-        output_throughput=out_tps,
-        median_itl_ms=itl_ms,
-        p99_ttft_ms=100.0 * users,
-    )
 
 
 def _inside(outer: Widget, inner: Widget) -> bool:
