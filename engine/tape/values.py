@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import FinishReason
+from engine.events import FinishReason, StepPerf
 
 if typing.TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,6 +35,10 @@ model). The block map keeps a few bytes a block; 10^8 would be gigabytes."""
 MAX_BLOCK_SIZE = 1 << 20
 MAX_NUMBER = 1e15
 """Any other number (a model card's figures, a server's timings)."""
+MAX_WORK = 1e21
+"""A step's (or a scrape window's) FLOPs or bytes (StepPerf), which pass MAX_NUMBER in
+real sessions: a 70B model's 8,192-token prefill is 1.15e15 FLOPs, and a minute's window
+on one H200 up to 6e16. 1e21 is a million seconds of an H200's peak."""
 MAX_TOKEN_ID = (1 << 31) - 1
 
 
@@ -248,7 +252,14 @@ def revive(hint: Any, value: Any, where: str) -> Any:
         if type(value) is not dict:
             raise ValueRefused(f"its {where} is {shown(value)}, not a JSON object")
         hints = _hints(hint)
-        known = {k: revive(hints[k], v, f"{where}'s {k}") for k, v in value.items() if k in hints}
+        wide = hint in _WORK_COUNTS
+        known = {
+            k: _work_count(v, f"{where}'s {k}")
+            if wide and hints[k] is float
+            else revive(hints[k], v, f"{where}'s {k}")
+            for k, v in value.items()
+            if k in hints
+        }
         try:
             return hint(**known)
         except TypeError:
@@ -288,6 +299,16 @@ def revive(hint: Any, value: Any, where: str) -> Any:
 
 def _number(v: Any) -> bool:
     return (type(v) is float or type(v) is int) and -MAX_NUMBER <= v <= MAX_NUMBER
+
+
+_WORK_COUNTS: frozenset[type] = frozenset({StepPerf})
+"""The dataclasses whose numbers are FLOPs and bytes, bounded by MAX_WORK, not MAX_NUMBER."""
+
+
+def _work_count(value: Any, where: str) -> float:
+    if (type(value) is float or type(value) is int) and 0 <= value <= MAX_WORK:
+        return float(value)
+    raise ValueRefused(f"its {where} is {shown(value)}, not a count from 0 to {MAX_WORK:g}")
 
 
 _SCALARS: dict[Any, Callable[[Any], bool]] = {
