@@ -8,27 +8,37 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import math
+import re
 from typing import TYPE_CHECKING
 
 import pytest
+from rich.console import Console
+from test_tui_remote import FIXTURES, RecordedServer, _attached
 from tui_helpers import NARROW, WIDE, engine_ready, make_app, reply_done, settle, step_sample
 
 from engine.clock import VirtualClock
-from engine.events import GenerationRequest, SamplingSettings, StepPerf, StepSample
+from engine.events import GenerationRequest, SamplingSettings, ScrapeSample, StepPerf, StepSample
 from engine.fake import FAKE_MEM_BANDWIDTH, FAKE_PEAK_FLOPS, FakeConfig, FakeEngine
+from engine.remote.metrics import ScrapeState, cache_info, parse_metrics
+from engine.remote.metrics import step_sample as remote_step_sample
 from engine.sizes import kv_bytes_per_token
+from roofline.hardware import shipped_geometry
+from roofline.step_perf import RequestSlice, StepModel
 from tui.app import KvscopeApp
 from tui.roofline_figure import (
     ABOVE_MARK,
     NO_PERF_WORDS,
     ROOF_ROLE,
     Roofs,
+    remote_no_perf_words,
     roofline_figure,
     roofline_title,
 )
 from tui.telemetry.buffers import Telemetry
 from tui.widgets.plot import Plot
+from tui.widgets.remote_state import COUNTS_MISSING_WORDS
 
 if TYPE_CHECKING:
     from textual.pilot import Pilot
@@ -222,3 +232,121 @@ def test_a_mixed_step_has_its_own_mark_and_old_steps_fade() -> None:
     roles = {(s.marker, s.role) for s in figure.series if s.kind == "scatter"}
     # The newer step bright in the mixed colour; the one 10 s older dim, same glyph.
     assert roles == {("◆", "p90"), ("◆", "axes")}
+
+
+# -- attached (--url): one point per scrape window ---------------------------------------------
+
+
+def _counted_scrapes(interval_s: float = 3.0) -> list[ScrapeSample]:
+    """The recorded server's idle and busy scrapes, then the busy window once more, with
+    the estimated counters a server started with --enable-mfu-metrics exports: each busy
+    window's FLOPs and bytes are kvscope's count of its prompt and output tokens on
+    SmolLM2-135M (the recorded server's model), as vLLM's count is within tolerance."""
+    texts = [(FIXTURES / f"metrics_{n}.txt").read_text() for n in ("idle", "busy")]
+    model = StepModel(shipped_geometry("smollm2-135m-instruct"))
+    prompt, output = 1158, 25  # the busy scrape's prompt and generation counters
+    window = model.count([RequestSlice(prompt, prompt)]).perf
+    window = StepPerf(
+        window.flops + output * model.count([RequestSlice(1, prompt + output)]).perf.flops,
+        window.read_bytes + output * model.count([RequestSlice(1, prompt)]).perf.read_bytes,
+        window.write_bytes * (prompt + output) / prompt,
+        "",
+    )
+
+    def counted(text: str, times: int) -> str:
+        for name, value in (
+            ("estimated_flops_per_gpu_total", window.flops),
+            ("estimated_read_bytes_per_gpu_total", window.read_bytes),
+            ("estimated_write_bytes_per_gpu_total", window.write_bytes),
+            ("prompt_tokens_total", float(prompt)),
+            ("generation_tokens_total", float(output)),
+        ):
+            text = re.sub(
+                rf"^(vllm:{name}\{{[^}}]*\}}) \S+$",
+                rf"\g<1> {value * times!r}",
+                text,
+                flags=re.MULTILINE,
+            )
+        return text
+
+    parsed = [parse_metrics(t) for t in (texts[0], counted(texts[1], 1), counted(texts[1], 2))]
+    info = cache_info(parsed[1])
+    assert info is not None
+    state = ScrapeState()
+    return [state.update(p, 100.0 + interval_s * i, info) for i, p in enumerate(parsed)]
+
+
+class CountingServer(RecordedServer):
+    """The recorded server, as if started with --enable-mfu-metrics."""
+
+    def play(self) -> None:
+        for scrape in _counted_scrapes():
+            self._scrapes.emit(scrape)
+            self._listeners.emit(remote_step_sample(scrape))
+
+
+async def _attached_roofline(pilot: Pilot[int]) -> None:
+    await _attached(pilot)
+    await pilot.press("f8")
+    await settle(pilot)
+
+
+def test_the_scrapes_carry_the_window_counts() -> None:
+    scrapes = _counted_scrapes()
+    assert [s.perf is not None for s in scrapes] == [False, True, True]
+    first, second = scrapes[1].perf, scrapes[2].perf
+    assert first is not None and second is not None
+    assert first.source == "vllm counters"
+    # The second window's counters grew by as much again: the same work, the same point.
+    assert math.isclose(first.flops, second.flops)
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_attached_the_roofline_draws_a_point_per_scrape_window(
+    size: tuple[int, int],
+) -> None:
+    app = make_app(engine=CountingServer())
+    async with app.run_test(size=size) as pilot:
+        await _attached_roofline(pilot)
+        panel = app.main_screen.engine_panel
+        points = list(app.telemetry.perf_points)
+        # One per window with counted work (the first scrape opens no window).
+        assert [p.step for p in points] == [s.seq for s in _counted_scrapes()[1:]]
+        assert all(p.source == "vllm counters" for p in points)
+        # A window ran prompt and output tokens: both, in one point.
+        assert {p.kind for p in points} == {"mixed"}
+        plot = panel.query_one("#roofline-plot", Plot)
+        assert plot.has_drawing
+        box = panel.query_one("#roofline-box")
+        assert str(box.border_title) == "Roofline: 2 scrape windows, not steps (vllm counters)"
+        assert str(box.border_subtitle).startswith("per window: [$warning]◆[/$warning] mixed")
+        # The server counts its work: the Server box does not ask for the flag.
+        assert COUNTS_MISSING_WORDS not in _remote_text(app)
+
+
+async def test_attached_without_the_counters_both_boxes_name_the_flag() -> None:
+    app = make_app(engine=RecordedServer())  # recorded without --enable-mfu-metrics
+    async with app.run_test(size=WIDE) as pilot:
+        await _attached_roofline(pilot)
+        assert not app.telemetry.perf_points
+        assert app.telemetry.uncounted == 1  # the busy window ran tokens, counted none
+        plot = app.main_screen.engine_panel.query_one("#roofline-plot", Plot)
+        assert not plot.has_figure
+        assert str(plot.render()) == remote_no_perf_words(ran_tokens=True)
+        assert "--enable-mfu-metrics" in str(plot.render())
+        assert "--enable-mfu-metrics" in COUNTS_MISSING_WORDS
+        assert COUNTS_MISSING_WORDS in _remote_text(app)
+
+
+def test_attached_roofline_snapshot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    # Two scrape windows' points (◆: both kinds of token in each), the title and key
+    # saying they are windows, not steps.
+    assert snap_compare(
+        make_app(engine=CountingServer()), terminal_size=WIDE, run_before=_attached_roofline
+    )
+
+
+def _remote_text(app: KvscopeApp) -> str:
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(app.main_screen.engine_panel.remote_state.render())
+    return console.export_text().replace("\n", " ")

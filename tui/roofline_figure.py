@@ -57,6 +57,27 @@ NO_PERF_WORDS = (
 )
 """What the box says when the engine counts no step's work."""
 
+MFU_FLAG = "--enable-mfu-metrics"
+"""The `vllm serve` flag that makes a server export its FLOP and byte counters."""
+
+WINDOWS_WORDS = "scrape windows, not steps"
+"""What an attached roofline's points are: a server shows no steps, only its counters'
+growth between two /metrics scrapes (all its requests, the whole window)."""
+
+
+def remote_no_perf_words(ran_tokens: bool) -> str:
+    """What an attached roofline box says before its first point: the server ran tokens
+    and counted no FLOPs (its flag is off), or no window with work has come yet."""
+    if ran_tokens:
+        return (
+            "this server counts no FLOPs or bytes (its vllm:estimated_*_per_gpu_total "
+            f"counters are absent or zero): start it with vllm serve … {MFU_FLAG}"
+        )
+    return (
+        "no scrape window with counted work yet: one point per window once the server "
+        f"runs requests (a server started with {MFU_FLAG} counts them)"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class Roofs:
@@ -248,9 +269,16 @@ def roofline_figure(
     return figure, summary
 
 
-def roofline_title(summary: RooflineSummary) -> str:
-    """The box's title: what is drawn, how many steps and who counted them, and a point
-    above a roof before anything else would be read off the plot."""
+def roofline_title(summary: RooflineSummary, *, windows: bool = False) -> str:
+    """The box's title: what is drawn, how many steps (or, attached, scrape windows) and
+    who counted them, and a point above a roof before anything else would be read off
+    the plot."""
+    if summary.steps and windows:
+        # Short: the box is 58 columns wide at 160x48, and this is what a point is.
+        n = summary.steps
+        title = f"Roofline: {n:,} scrape window{'s' if n != 1 else ''}, not steps"
+        title += f" ({summary.source})"
+        return title + (f" · {summary.above_words()}" if summary.above else "")
     title = "Roofline: FLOP/s vs FLOP/byte"
     if summary.steps:
         title += f" · {summary.steps:,} steps ({summary.source})"
@@ -259,9 +287,10 @@ def roofline_title(summary: RooflineSummary) -> str:
     return title
 
 
-def roofline_key(summary: RooflineSummary, unknown: str = "") -> str:
+def roofline_key(summary: RooflineSummary, unknown: str = "", *, windows: bool = False) -> str:
     """The box's key: only what the figure draws, in its glyphs and colours; or, where the
-    roofs are not known, why (`unknown`)."""
+    roofs are not known, why (`unknown`). Attached (`windows`), it says first that each
+    point is a scrape window (a window's kind is what its requests ran in it)."""
     entries = [f"[{KIND_VARS[k]}]{MARKS[k][0]}[/] {k}" for k in summary.kinds]
     if summary.above:
         entries.append(f"[$error]{ABOVE_MARK}[/] above a roof")
@@ -271,4 +300,4 @@ def roofline_key(summary: RooflineSummary, unknown: str = "") -> str:
         entries.append(f"no roofs: {unknown}")
     if summary.dim:
         entries.append(f"dim: over {FRESH_S:.0f} s old")
-    return "  ".join(entries)
+    return ("per window: " if windows else "") + "  ".join(entries)

@@ -132,6 +132,9 @@ class Telemetry:
         # The roofline's points: one per step the engine counted (plain values, as above).
         self.perf_points: deque[PerfPoint] = deque(maxlen=steps)
         self.perf_version = 0
+        self.uncounted = 0
+        """Steps (or scrape windows) that ran tokens and whose engine counted no FLOPs: a
+        server without --enable-mfu-metrics, a vLLM with it turned off."""
         self.preemptions_total = 0
         self.preemption: Preemption | None = None
         """The latest preemption, explained (preemption.py); kept until the next one."""
@@ -178,6 +181,8 @@ class Telemetry:
         if point is not None:
             self.perf_points.append(point)
             self.perf_version += 1
+        elif sample.perf is None and (sample.prefill_tokens or sample.decode_tokens):
+            self.uncounted += 1
         self.requests.sample(sample)
         self.host.add_sample(sample)
         if sample.prefill_tokens > 0 and sample.duration_s > 0:
@@ -308,6 +313,7 @@ class Telemetry:
         self.itl_ms.clear()
         self.points.clear()
         self.perf_points.clear()
+        self.uncounted = 0
         self.host.clear()
         self._prefill.clear()
         self.timeline.clear()

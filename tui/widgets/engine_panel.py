@@ -22,6 +22,7 @@ from tui.roofline_figure import (
     NO_PERF_WORDS,
     Roofs,
     machine_roofs,
+    remote_no_perf_words,
     roofline_figure,
     roofline_key,
     roofline_title,
@@ -381,16 +382,24 @@ class EnginePanel(Vertical):
         plot = self.query_one("#roofline-plot", Plot)
         tel = self.telemetry
         roofs = self._roofs
-        if changed("roofline", (tel.perf_version, roofs, plot.content_size)):
+        # Attached, a point is a scrape window's counter growth, never one step.
+        windows = self.remote
+        uncounted = tel.uncounted > 0
+        key = (tel.perf_version, roofs, windows, uncounted, plot.content_size)
+        if changed("roofline", key):
             known = roofs if isinstance(roofs, Roofs) else None
             width, height = plot.content_size
             figure, summary = roofline_figure(tel.perf_points, known, width, height)
+            placeholder = remote_no_perf_words(uncounted) if windows else NO_PERF_WORDS
+            if plot.placeholder != placeholder:
+                plot.placeholder = placeholder
+                plot.refresh()
             plot.set_figure(figure, (tel.perf_version, roofs))
             why = roofs if isinstance(roofs, str) else ""
             retitle(
                 self.query_one("#roofline-box"),
-                roofline_title(summary),
-                roofline_key(summary, why) if figure is not None else why,
+                roofline_title(summary, windows=windows),
+                roofline_key(summary, why, windows=windows) if figure is not None else why,
             )
         return plot
 

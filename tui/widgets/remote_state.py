@@ -22,6 +22,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from tui import format as fmt
+from tui.roofline_figure import MFU_FLAG
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 STALE_AFTER_S = 10.0
 """No scrape for this long: the panel says the server does not answer."""
+
+COUNTS_MISSING_WORDS = f"no FLOP counts: serve with {MFU_FLAG} (F8)"
+"""Said once the server ran tokens in a scrape window and its vllm:estimated_* counters
+did not grow (absent, or exported at zero without the flag): the roofline (F8) has no
+point without them. One line at 160x48, where the box is 58 columns wide."""
 
 
 def _hist(h: HistogramDelta) -> str:
@@ -93,6 +99,9 @@ class RemoteStateView(Widget):
     ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self._last_news: float | None = None  # when a scrape (or the first caps) came
+        # Whether the server ran tokens and counted no FLOPs (its MFU flag is off): kept
+        # from such a window until one is counted, so idle windows do not hide it.
+        self._counts_missing = False
 
     def on_mount(self) -> None:
         self.set_interval(1.0, self.check_stale)
@@ -101,6 +110,10 @@ class RemoteStateView(Widget):
         if sample is not None:
             self._last_news = self.clock()
             self.stale_s = None
+            if sample.perf is not None:
+                self._counts_missing = False
+            elif sample.prompt_tokens or sample.generation_tokens:
+                self._counts_missing = True
 
     def watch_capabilities(self, caps: RemoteCapabilities | None) -> None:
         if caps is not None and self._last_news is None:
@@ -162,6 +175,8 @@ class RemoteStateView(Widget):
             parts.append(
                 Text.assemble(("server ITL  ", style("remote-state--label")), _hist(sample.itl))
             )
+        if self._counts_missing:
+            parts.append(Text(COUNTS_MISSING_WORDS, style("remote-state--warning")))
         cache = self.cache
         if cache is not None:
             if cache.receiving:
