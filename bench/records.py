@@ -55,6 +55,17 @@ def request_record(done: RequestFinished) -> dict[str, Any]:
         out["server"] = dataclasses.asdict(done.server)
     if done.fleet is not None:
         out["fleet"] = dataclasses.asdict(done.fleet)
+    if done.handoff is not None:
+        h = done.handoff
+        out["handoff"] = {
+            **dataclasses.asdict(h),
+            "recomputed_tokens": h.recomputed_tokens,
+            "loaded_blocks": h.loaded_blocks,
+            "loaded_bytes": h.loaded_bytes,
+            "fell_back": h.fell_back,
+            "ttft_parts_s": dict(h.parts()),
+            "words": h.words(),
+        }
     return out
 
 

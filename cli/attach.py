@@ -103,6 +103,22 @@ def add_attach_args(parser: argparse.ArgumentParser) -> None:
         ),
     )
     group.add_argument(
+        "--prefill",
+        metavar="URL",
+        help=(
+            "prefill here, decode there: a vLLM server started with a KV connector as "
+            "kv_producer (--kv-transfer-config), which prefills each prompt; give --decode "
+            "too. Without --url kvscope is the proxy (prefill, then decode with the KV "
+            "handed over); with --url (vllm-router --vllm-pd-disaggregation) the router is, "
+            "and kvscope scrapes both servers. Both are rows of the fleet view"
+        ),
+    )
+    group.add_argument(
+        "--decode",
+        metavar="URL",
+        help="the kv_consumer server that decodes what --prefill prefilled",
+    )
+    group.add_argument(
         "--replica-kv-events",
         metavar="NAME=ENDPOINT",
         action="append",
@@ -248,6 +264,20 @@ def make_fleet(args: argparse.Namespace, engine: RemoteEngine) -> FleetEngine:
     if args.kv_events == "off":  # off for the whole fleet, unless a replica says otherwise
         kv = {name: OFF if setting == "auto" else setting for name, setting in kv.items()}
     router_metrics = _router_metrics(args.router_metrics)
+    if getattr(args, "disaggregated", False):
+        from engine.fleet.disaggregated import DisaggregatedEngine
+
+        prefill = replicas.named(PREFILL)
+        assert prefill is not None  # _fold_disaggregated named it
+        prefill_engine = RemoteEngine(
+            prefill.where,
+            api_key=args.api_key,
+            served_model_name=args.served_model_name,
+            timeouts=args.timeout,
+            scrape_interval_s=1.0,  # the decode server's scrapes feed the charts
+        )
+        pair = DisaggregatedEngine((PREFILL, prefill_engine), (DECODE, engine))
+        return FleetEngine(pair, replicas, api_key=args.api_key, kv_settings=kv)
     if getattr(args, "round_robin", False):
         first, *rest = replicas
         engines = [(first.name, engine)] + [
@@ -299,6 +329,7 @@ def check_replicas(args: argparse.Namespace) -> None:
     Without `--url`, the first replica stands in for it (so the server engine is chosen)
     and `args.round_robin` is set: kvscope routes the requests itself.
     """
+    _fold_disaggregated(args)
     if not getattr(args, "replica", None):
         if getattr(args, "replica_kv_events", None):
             from engine.errors import BadOption
@@ -320,8 +351,50 @@ def check_replicas(args: argparse.Namespace) -> None:
                 "needs --url: the router whose counter it is (without --url, kvscope "
                 "routes round robin and knows where each request went)",
             )
-        args.url = next(iter(replicas)).where
-        args.round_robin = True
+        decode = replicas.named(DECODE)
+        if getattr(args, "disaggregated", False) and decode is not None:
+            args.url = decode.where  # the proxy's own requests go to the decode server
+        else:
+            args.url = next(iter(replicas)).where
+            args.round_robin = True
+
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+def _fold_disaggregated(args: argparse.Namespace) -> None:
+    """`--prefill URL --decode URL` become the replicas `prefill` and `decode`, the first
+    of the fleet; without `--url` kvscope is their proxy (`args.disaggregated`).
+
+    Once: the flags are cleared as they are folded in, as this runs before each start."""
+    prefill, decode = getattr(args, "prefill", None), getattr(args, "decode", None)
+    if prefill is None and decode is None:
+        return
+    from engine.errors import BadOption
+
+    if not prefill or not decode:
+        given, missing = ("--prefill", "--decode") if prefill else ("--decode", "--prefill")
+        raise BadOption(
+            missing,
+            f"{given} needs {missing} too: prefill on one server, decode on the other "
+            "(each started with --kv-transfer-config, as kv_producer and kv_consumer)",
+        )
+    taken = {r.partition("=")[0].strip() for r in args.replica}
+    if taken & {PREFILL, DECODE}:
+        raise BadOption(
+            "--replica",
+            f"the names {PREFILL!r} and {DECODE!r} are --prefill's and --decode's; "
+            "give that replica another name",
+        )
+    args.replica = [f"{PREFILL}={prefill}", f"{DECODE}={decode}", *args.replica]
+    args.prefill = args.decode = None
+    args.disaggregated = not args.url
+    if args.disaggregated and len(args.replica) > 2:
+        raise BadOption(
+            "--replica",
+            "kvscope's own prefill/decode proxy takes one --prefill and one --decode "
+            "server; for more, put vllm-router in front and give its --url",
+        )
 
 
 @contextmanager

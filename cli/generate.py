@@ -357,6 +357,11 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
     fleet = result.get("fleet")
     if fleet:  # the reply footer's words, where a fleet says which replica served it
         print("; ".join(ReplicaServed(**fleet).words()), file=sys.stderr)
+    handoff = result.get("handoff")
+    if handoff:  # prefill on one server, decode on another: the TTFT's two halves
+        parts = " + ".join(f"{k} {v * 1000:.1f} ms" for k, v in handoff["ttft_parts_s"].items())
+        print(f"TTFT = {parts}", file=sys.stderr)
+        print(handoff["words"], file=sys.stderr)
 
 
 def run_generate(args: argparse.Namespace, engine_argv: list[str]) -> int:

@@ -249,7 +249,10 @@ def refuse_attach_flags(args: argparse.Namespace) -> None:
     engine kvscope starts here (or the fake) would never see it, and a run would measure
     what was not asked. --served-model-name and --tokenizer are vLLM's names too, but
     kvscope's attach flags take them, so they never reach an engine started here."""
-    if any(getattr(args, name, None) for name in ("url", "replica", "compare_urls")):
+    if any(
+        getattr(args, name, None)
+        for name in ("url", "replica", "prefill", "decode", "compare_urls")
+    ):
         return
     given = [flag for name, flag in _ATTACH_ONLY if getattr(args, name, None) is not None]
     timeout = getattr(args, "timeout", None)
@@ -275,7 +278,8 @@ def refuse_unknown_flags(args: argparse.Namespace, engine_argv: list[str]) -> No
     the flags go to an in-process vLLM: --fake, --url, --replica and --compare-urls say
     in their own words that engine flags do not apply to them."""
     if not engine_argv or any(
-        getattr(args, name, None) for name in ("fake", "url", "replica", "compare_urls")
+        getattr(args, name, None)
+        for name in ("fake", "url", "replica", "prefill", "decode", "compare_urls")
     ):
         return
     from engine.errors import UnknownFlag

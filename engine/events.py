@@ -89,6 +89,109 @@ class ReplicaServed:
 
 
 @dataclass(frozen=True, slots=True)
+class HandOff:
+    """A disaggregated request's two halves (engine/fleet/disaggregated.py): its prompt
+    prefilled on one server, its KV cache handed to another, which decodes it.
+
+    Times are the client's, from the moment the caller asked (as every TTFT here):
+    `prefill_s` to the prefill server's whole answer (its queue, its prefill, one token,
+    the network); `handoff_s` from that answer to the decode server's first token: the KV
+    transfer and the decode server's first step, which no server reports apart with
+    the connector kvscope can see (`transfer_s` is the connector's own time, where it
+    exports one).
+    """
+
+    prefill_replica: str
+    decode_replica: str
+    prompt_tokens: int
+    prefill_s: float
+    handoff_s: float | None  # None: no token came from the decode server
+    loaded_tokens: int | None
+    """Prompt tokens the decode server did not compute: its KV came from elsewhere."""
+    loaded_source: str  # what `loaded_tokens` rests on, in words
+    block_size: int | None = None
+    kv_bytes_per_token: int | None = None
+    transfer_s: float | None = None
+    transfer_bytes: int | None = None
+    prefill_server: ServerTimings | None = None
+    """The prefill server's own figures (its per-request metrics), where it sends them:
+    its queue, and its TTFT, which is the prefill itself."""
+
+    @property
+    def recomputed_tokens(self) -> int | None:
+        """Prompt tokens the decode server computed again (at least the last one)."""
+        if self.loaded_tokens is None:
+            return None
+        return max(0, self.prompt_tokens - self.loaded_tokens)
+
+    @property
+    def loaded_blocks(self) -> int | None:
+        if self.loaded_tokens is None or not self.block_size:
+            return None
+        return self.loaded_tokens // self.block_size
+
+    @property
+    def loaded_bytes(self) -> int | None:
+        """Bytes of KV the decode server took instead of computing: the connector's count
+        where it exports one, else the model's KV bytes a token times the tokens."""
+        if self.transfer_bytes is not None:
+            return self.transfer_bytes
+        if self.loaded_tokens is None or not self.kv_bytes_per_token:
+            return None
+        return self.loaded_tokens * self.kv_bytes_per_token
+
+    def parts(self) -> tuple[tuple[str, float], ...]:
+        """The TTFT's terms, in order, adding up to it: the prefill server's answer (split
+        into its queue, its prefill and the rest where it says), then the hand-off."""
+        p, d = self.prefill_replica, self.decode_replica
+        server = self.prefill_server
+        out: list[tuple[str, float]] = []
+        queue = server.queue_s if server is not None else None
+        own = server.ttft_s if server is not None else None
+        if queue is not None and own is not None and queue + own <= self.prefill_s:
+            out += [(f"queue on {p}", queue), (f"prefill on {p}", own)]
+            out.append((f"HTTP to and from {p}", self.prefill_s - queue - own))
+        else:
+            out.append((f"prefill on {p} (its whole answer)", self.prefill_s))
+        if self.handoff_s is not None:
+            out.append((f"KV hand-off + first step on {d}", self.handoff_s))
+        return tuple(out)
+
+    def words(self) -> str:
+        """The KV's part in a reply's footer: what the decode server took, or that it
+        found none and computed the prompt again."""
+        p, d = self.prefill_replica, self.decode_replica
+        if self.loaded_tokens is None:
+            return f"KV from {p} to {d}: {self.loaded_source}"
+        if self.fell_back:
+            return (
+                f"{d} found none of {p}'s KV: it computed all {self.prompt_tokens:,} prompt "
+                f"tokens again ({self.loaded_source})"
+            )
+        blocks = self.loaded_blocks
+        size = self.loaded_bytes
+        what = [f"{blocks:,} blocks"] if blocks is not None else []
+        if size is not None:
+            what.append(f"{size / 1e6:,.1f} MB")
+        extent = f" ({', '.join(what)})" if what else ""
+        return (
+            f"KV of {self.loaded_tokens:,} of {self.prompt_tokens:,} prompt tokens{extent} "
+            f"from {p} to {d}, {self.recomputed_tokens:,} computed there "
+            f"({self.loaded_source})"
+        )
+
+    @property
+    def fell_back(self) -> bool:
+        """The decode server found none of the prefill's KV (a prompt of a block or more):
+        it computed the whole prompt again."""
+        return (
+            self.loaded_tokens == 0
+            and self.block_size is not None
+            and self.prompt_tokens > self.block_size
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFinished:
     request_id: str
     reason: FinishReason
@@ -110,6 +213,8 @@ class RequestFinished:
     cached_prompt_tokens: int | None = None
     # Which replica of a fleet served it (engine/fleet/fleet_engine.py); None otherwise.
     fleet: ReplicaServed | None = None
+    # Its prefill on one server and decode on another (engine/fleet/disaggregated.py).
+    handoff: HandOff | None = None
 
     @classmethod
     def from_times(

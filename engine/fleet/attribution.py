@@ -29,11 +29,14 @@ if TYPE_CHECKING:
     from engine.fleet.prefix_index import ActivityMark
     from engine.fleet.replicas import ReplicaSet
 
-Source = Literal["round robin", "router header", "router metrics", "kv events", "none"]
+Source = Literal[
+    "round robin", "disaggregated", "router header", "router metrics", "kv events", "none"
+]
 
 # Short: they end a reply's footer ("served by b (router counter)").
 _SOURCE_WORDS: dict[Source, str] = {
     "round robin": "kvscope's round robin",
+    "disaggregated": "kvscope's prefill/decode proxy",
     "router header": "router header",
     "router metrics": "router counter",
     "kv events": "KV events",

@@ -26,7 +26,6 @@ from engine.fleet.attribution import (
     Attribution,
     attribute,
     from_kv_events,
-    from_round_robin,
     from_router_metrics,
     metrics_page_problem,
     router_counts,
@@ -127,11 +126,7 @@ class FleetEngine(DelegatingEngine):
     def routing(self) -> str:
         """How requests reach the replicas, in words for the fleet view."""
         if isinstance(self.inner, RoundRobinEngine):
-            names = ", ".join(self.inner.names)
-            return (
-                f"routing: kvscope's round robin over {names} (no --url router), skipping "
-                f"a replica that is down; the charts are replica {self.inner.names[0]}'s"
-            )
+            return self.inner.routing_words()
         where = self.router_url or self.inner.url
         replica = self.replicas.at(where)
         if replica is not None:
@@ -338,7 +333,7 @@ class FleetEngine(DelegatingEngine):
         reply's replica is known from round robin, or from KV events already in."""
         answers: list[Attribution] = []
         if isinstance(self.inner, RoundRobinEngine):
-            answers.append(from_round_robin(self.inner.served_by(ev.request_id)))
+            answers.append(self.inner.attribution(ev.request_id))
         if counters is not None and alone:
             answers.append(await self._from_router(counters))
         following = self._kv is not None and self._kv.any_subscribed

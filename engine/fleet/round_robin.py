@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineStartFailed
 from engine.events import LoadProgress
+from engine.fleet.attribution import Attribution, from_round_robin
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -96,13 +97,29 @@ class RoundRobinEngine:
     def _engine(self, name: str) -> RemoteEngine:
         return next(e for n, e in self.engines if n == name)
 
+    def routing_words(self) -> str:
+        """How requests reach the replicas, in words for the fleet view."""
+        names = ", ".join(self.names)
+        return (
+            f"routing: kvscope's round robin over {names} (no --url router), skipping "
+            f"a replica that is down; the charts are replica {self.names[0]}'s"
+        )
+
+    def attribution(self, request_id: str) -> Attribution:
+        """Which replica served a request: the one it was sent to."""
+        return from_round_robin(self.served_by(request_id))
+
+    def remember(self, request_id: str, name: str) -> None:
+        """That `request_id` went to replica `name` (for served_by and abort)."""
+        with self._lock:
+            self._sent[request_id] = name
+            while len(self._sent) > MAX_REMEMBERED:
+                self._sent.popitem(last=False)
+
     def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         name = self.pick()
         engine = self._engine(name)
-        with self._lock:
-            self._sent[request.request_id] = name
-            while len(self._sent) > MAX_REMEMBERED:
-                self._sent.popitem(last=False)
+        self.remember(request.request_id, name)
         # One chat is one session on every replica: its blocks are coloured alike.
         engine.session_id = self.session_id
         return engine.stream(request)

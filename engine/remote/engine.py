@@ -86,7 +86,7 @@ from engine.visible_text import visible
 
 if TYPE_CHECKING:
     import concurrent.futures
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
     from engine.remote.client_tokenizer import ClientTokenizer
     from engine.remote.metrics import CacheInfo
@@ -104,11 +104,22 @@ NOT_VLLM_TOKENIZE = frozenset({400, 404, 405, 415, 422, 501})
 MAX_CLAIMED_CONTEXT = 2**40
 
 
+@dataclass(frozen=True)
+class WholeAnswer:
+    """A request's answer not streamed: its JSON, and when it was sent and answered
+    (time.perf_counter, on the engine's IO loop)."""
+
+    data: dict[str, Any]
+    sent_at: float
+    answered_at: float
+
+
 @dataclass(eq=False)
 class _Live(LiveRequest):
     session_id: str = ""
     future: concurrent.futures.Future[None] | None = None
     relay: Relay | None = None  # to the consumer's loop, shared by its requests
+    extra_body: Mapping[str, Any] | None = None  # fields added to the request's JSON
 
     def put_threadsafe(self, item: Item) -> None:
         if self.relay is None:
@@ -406,12 +417,25 @@ class RemoteEngine:
         # loop when collected): close them now, while the loop still runs their aclose.
         await asyncio.get_running_loop().shutdown_asyncgens()
 
-    def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
-        """Send `request`; its clock starts now, when stream() is called."""
-        return self._stream(request, time.perf_counter())
+    def stream(
+        self,
+        request: GenerationRequest,
+        *,
+        submitted_at: float | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[EngineEvent]:
+        """Send `request`; its clock starts now, when stream() is called, or at
+        `submitted_at` (time.perf_counter) for a request whose earlier part ran elsewhere (a
+        disaggregated prefill: engine/fleet/disaggregated.py). `extra_body`: fields added to
+        the request's JSON (vLLM's `kv_transfer_params`)."""
+        began = time.perf_counter() if submitted_at is None else submitted_at
+        return self._stream(request, began, extra_body)
 
     async def _stream(
-        self, request: GenerationRequest, submitted_at: float
+        self,
+        request: GenerationRequest,
+        submitted_at: float,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[EngineEvent]:
         loop = self._loop
         card = self._card
@@ -430,6 +454,7 @@ class RemoteEngine:
             loop=consumer,
             session_id=self.session_id,
             relay=self._relay(consumer),
+            extra_body=extra_body,
         )
 
         def submit() -> _Live:
@@ -450,8 +475,16 @@ class RemoteEngine:
             relay.producer = self._loop
             return relay
 
-    def _body(self, live: _Live) -> tuple[str, dict[str, Any]]:
-        req, sp = live.request, live.request.sampling
+    def _body(
+        self, req: GenerationRequest, session_id: str, extra: Mapping[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        path, body = self._fields(req, session_id)
+        if extra:
+            body.update(extra)
+        return path, body
+
+    def _fields(self, req: GenerationRequest, session_id: str) -> tuple[str, dict[str, Any]]:
+        sp = req.sampling
         body: dict[str, Any] = {
             "model": self.model,
             "stream": True,
@@ -470,7 +503,7 @@ class RemoteEngine:
             body["messages"] = [{"role": m.role, "content": m.content} for m in req.messages]
             return "/v1/chat/completions", body
         body["return_token_ids"] = True
-        body["session_id"] = live.session_id
+        body["session_id"] = session_id
         if sp.ignore_eos:
             body["ignore_eos"] = True
         if sp.seed is not None:
@@ -500,7 +533,7 @@ class RemoteEngine:
         reply = ReplyAssembler(
             live.times, len(ids) if ids is not None else None, server_counts=client is None
         )
-        path, body = self._body(live)
+        path, body = self._body(live.request, live.session_id, live.extra_body)
         http = self._http
         assert http is not None
         limits = self.timeouts
@@ -513,7 +546,7 @@ class RemoteEngine:
             ):
                 answered = True
                 if response.status_code != 200:
-                    raise await self._refusal(live, response)
+                    raise await self._refusal(live.request, response)
                 accepted = reply.accept()  # token prompts: the length is known already
                 if accepted is not None:
                     live.put_threadsafe(accepted)
@@ -591,7 +624,7 @@ class RemoteEngine:
                     rid,
                 )
 
-    async def _refusal(self, live: _Live, response: httpx.Response) -> KvscopeError:
+    async def _refusal(self, req: GenerationRequest, response: httpx.Response) -> KvscopeError:
         """The typed error for a non-200 answer to a request."""
         body = await response.aread()
         if response.status_code in (401, 403):
@@ -603,7 +636,7 @@ class RemoteEngine:
         if too_long is not None:
             count = too_long.prompt_tokens
             if count is None:
-                count = await self._exact_prompt_tokens(live)
+                count = await self._exact_prompt_tokens(req)
             if too_long.max_model_len is not None:
                 limit = too_long.max_model_len
             elif count is not None:
@@ -615,11 +648,10 @@ class RemoteEngine:
                 count = too_long.lower_bound or limit
             return PromptTooLong(count, limit)
         words = answer_words(response.status_code, message[:300], response.headers.get("location"))
-        return RequestRejected(live.request.request_id, words)
+        return RequestRejected(req.request_id, words)
 
-    async def _exact_prompt_tokens(self, live: _Live) -> int | None:
+    async def _exact_prompt_tokens(self, req: GenerationRequest) -> int | None:
         """The server stops counting a long chat at max_model_len + 1: ask /tokenize."""
-        req = live.request
         if req.prompt_token_ids is not None:
             return len(req.prompt_token_ids)
         http = self._http
@@ -638,6 +670,66 @@ class RemoteEngine:
             return int(count) if isinstance(count, int) else None
         except (httpx.HTTPError, ValueError):
             return None
+
+    async def answer(
+        self, request: GenerationRequest, extra_body: Mapping[str, Any] | None = None
+    ) -> WholeAnswer:
+        """`request` not streamed: the server's whole answer at once (a disaggregated
+        prefill's, engine/fleet/disaggregated.py, whose answer says where its KV is).
+
+        Awaited on any loop; the POST runs on this engine's IO loop, as streams do, so its
+        times do not depend on the caller's loop. Bounded by the first-byte timeout (the
+        answer's first byte comes once the server is done). Raises KvscopeError in words.
+        """
+        loop = self._loop
+        if loop is None or self._card is None:
+            raise EngineDied("the remote engine is not attached; call start() first")
+        path, body = self._body(request, self.session_id, extra_body)
+        body["stream"] = False
+        body.pop("stream_options", None)
+        future = asyncio.run_coroutine_threadsafe(self._post_whole(request, path, body), loop)
+        return await asyncio.wrap_future(future)
+
+    async def _post_whole(
+        self, request: GenerationRequest, path: str, body: dict[str, Any]
+    ) -> WholeAnswer:
+        http = self._http
+        assert http is not None
+        limits = self.timeouts
+        sent = time.perf_counter()
+        try:
+            async with Watchdog(limits.first_byte_s):
+                response = await http.post(path, json=body)
+                if response.status_code != 200:
+                    raise await self._refusal(request, response)
+                data = response.json()
+        except TimeoutError:
+            raise ServerStalled(self.url, "first byte", limits.first_byte_s, 0) from None
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise transport_failure(self.url, exc, limits) from None
+        except httpx.TransportError as exc:
+            raise ConnectionLost(0, self.url, describe(exc)) from None
+        except ValueError as exc:
+            raise ConnectionLost(0, self.url, f"an answer that is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConnectionLost(0, self.url, f"an answer of type {type(data).__name__}")
+        return WholeAnswer(data, sent, time.perf_counter())
+
+    async def fetch_text(self, path: str) -> str | None:
+        """GET `path` (e.g. /metrics) on the IO loop; None if it does not answer 200."""
+        loop, http = self._loop, self._http
+        if loop is None or http is None:
+            return None
+
+        async def get() -> str | None:
+            try:
+                async with Watchdog(self.timeouts.first_byte_s):
+                    response = await http.get(path)
+            except (httpx.HTTPError, TimeoutError):
+                return None
+            return response.text if response.status_code == 200 else None
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(get(), loop))
 
     def abort(self, request_id: str) -> None:
         """Close that request's stream; vLLM aborts a request whose client went away."""

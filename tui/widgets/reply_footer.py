@@ -45,6 +45,8 @@ def footer_fields(ev: RequestFinished) -> tuple[str, ...]:
     if ev.fleet is not None:
         # Where in the fleet it ran, and where its prefix was (engine/fleet's words).
         fields.extend(ev.fleet.words())
+    if ev.handoff is not None:
+        fields.append(ev.handoff.words())
     return tuple(fields)
 
 
@@ -54,7 +56,10 @@ def footer_line(ev: RequestFinished) -> str:
 
 def anatomy_fields(ev: RequestFinished) -> tuple[str, ...]:
     """Where the TTFT went, as the terms of one sum, when the engine measured it step by
-    step; () otherwise (a remote server, or no token came)."""
+    step, or a disaggregated request's two servers timed it; () otherwise (a remote
+    server, or no token came)."""
+    if ev.handoff is not None and ev.ttft_s is not None:
+        return tuple(f"{name} {fmt.ms(seconds)}" for name, seconds in ev.handoff.parts())
     if ev.anatomy is None or ev.ttft_s is None:
         return ()
     return anatomy_parts(ev.anatomy, ev.ttft_s)

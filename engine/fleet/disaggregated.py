@@ -1,0 +1,206 @@
+"""Prefill here, decode there: each request's prompt prefilled on one server, its KV cache
+handed to another by vLLM's KV connector (`--kv-transfer-config`), which decodes it.
+
+kvscope is the proxy, as vLLM's own disaggregated-serving example proxy is: the request
+goes to the prefill server first, not streamed, with `max_tokens` 1 and
+`kv_transfer_params` asking it to keep its KV for a remote decode. Its answer's
+`kv_transfer_params` (where the KV is: NIXL's engine, host, port and block IDs; nothing
+for a connector that finds KV by the prompt's blocks, as ExampleConnector does in its
+shared folder) go with the same request to the decode server, which loads that KV
+instead of computing it, and streams the reply.
+
+The TTFT is the client's, from when the caller asked to the decode server's first token:
+the prefill server's whole answer, then the hand-off (the KV's transfer and the decode
+server's first step, measured between the two, as no connector kvscope can see reports
+the transfer apart). What the decode server did not compute is its counter's delta
+(`vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`) when the request
+ran alone, which tells KV loaded from KV it had cached itself; else its answer's
+`cached_tokens`, which counts both (and, with NIXL's parameters, the prefill server's
+own cache hits instead: then it is not used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import ServerUnreachable
+from engine.events import HandOff, RequestFinished
+from engine.fleet.attribution import Attribution
+from engine.fleet.round_robin import RoundRobinEngine
+from engine.remote.metrics import parse_metrics
+from engine.remote.streaming import server_timings
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+
+    from engine.events import EngineEvent, GenerationRequest
+    from engine.remote import RemoteEngine
+    from engine.remote.engine import WholeAnswer
+
+# What vLLM's disaggregated proxy example sends the prefill server: keep the KV for a
+# decode elsewhere. The decode server gets the prefill server's answer in its place.
+PREFILL_PARAMS: Mapping[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+EXTERNAL_SOURCE = "external_kv_transfer"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+# How long the decode server's counter may lag its last chunk: vLLM's stat loggers count
+# a finished request in the same step, but the HTTP answer can beat the next /metrics.
+COUNTER_GRACE_S = 1.0
+
+
+def external_tokens(metrics_text: str | None) -> float | None:
+    """Prompt tokens a server took from a KV connector since it started (None: it says not).
+
+    `prompt_tokens_by_source_total{source="external_kv_transfer"}`, else the connector's
+    prefix-cache hit counter, which counts the same tokens."""
+    if metrics_text is None:
+        return None
+    parsed = parse_metrics(metrics_text)
+    by_source = [
+        v for labels, v in parsed.get(PROMPT_BY_SOURCE) if labels.get("source") == EXTERNAL_SOURCE
+    ]
+    if by_source:
+        return sum(by_source)
+    hits = parsed.get(EXTERNAL_HITS)
+    return sum(v for _, v in hits) if hits else None
+
+
+class DisaggregatedEngine(RoundRobinEngine):
+    """Every request's prefill on `prefill`, then its decode on `decode` (named replicas).
+
+    The replicas are held as a round robin holds them (attached in order, one model on
+    both, aborted and shut down together); only the route differs. The decode server
+    stands for the pair where one server is needed: its card (the decode's context and
+    pool), its scrapes in the charts, its prompts.
+    """
+
+    def __init__(self, prefill: tuple[str, RemoteEngine], decode: tuple[str, RemoteEngine]):
+        super().__init__([decode, prefill])
+        self.prefill_name, self.prefill = prefill
+        self.decode_name, self.decode = decode
+        self._in_flight = 0
+        self._started = 0
+        self._count_lock = threading.Lock()
+
+    def pick(self) -> str:
+        return self.decode_name
+
+    def routing_words(self) -> str:
+        return (
+            f"routing: kvscope's prefill/decode proxy: each prompt prefilled on "
+            f"{self.prefill_name}, its KV handed to {self.decode_name} by the servers' KV "
+            f"connector, decoded there; the charts are {self.decode_name}'s"
+        )
+
+    def attribution(self, request_id: str) -> Attribution:
+        if self.served_by(request_id) is None:
+            return Attribution(None, "none", "kvscope's proxy has no record of it")
+        return Attribution(
+            self.decode_name,
+            "disaggregated",
+            f"prefilled on {self.prefill_name}, decoded on {self.decode_name}",
+        )
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        # The clock starts when the caller asks, before the prefill server is.
+        return self._stream(request, time.perf_counter())
+
+    async def _stream(self, request: GenerationRequest, asked: float) -> AsyncIterator[EngineEvent]:
+        self.remember(request.request_id, self.decode_name)
+        with self._count_lock:
+            self._in_flight += 1
+            self._started += 1
+            alone, started = self._in_flight == 1, self._started
+        try:
+            # Read before the prefill: with no other request in flight, the decode server's
+            # counter then moves by this request's loaded tokens only.
+            before = external_tokens(await self.decode.fetch_text("/metrics")) if alone else None
+            one_token = dataclasses.replace(request.sampling, max_tokens=1)
+            try:
+                prefilled = await self.prefill.answer(
+                    dataclasses.replace(request, sampling=one_token),
+                    {"kv_transfer_params": dict(PREFILL_PARAMS)},
+                )
+            except ServerUnreachable as exc:
+                # A plain ServerUnreachable, not a stall: nothing came, nothing is lost.
+                raise ServerUnreachable(
+                    exc.url,
+                    f"{exc.detail}; it is the prefill server ({self.prefill_name}), so "
+                    f"nothing was sent to the decode server ({self.decode_name})",
+                ) from None
+            params = prefilled.data.get("kv_transfer_params")
+            extra = {"kv_transfer_params": params} if isinstance(params, dict) else None
+            async for event in self.decode.stream(request, submitted_at=asked, extra_body=extra):
+                if isinstance(event, RequestFinished):
+                    with self._count_lock:
+                        alone = alone and self._started == started
+                    event = await self._handed_off(event, asked, prefilled, params, before, alone)
+                yield event
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
+
+    async def _handed_off(
+        self,
+        ev: RequestFinished,
+        asked: float,
+        prefilled: WholeAnswer,
+        params: Any,
+        before: float | None,
+        alone: bool,
+    ) -> RequestFinished:
+        prefill_s = prefilled.answered_at - asked
+        handoff_s = None if ev.ttft_s is None else max(0.0, ev.ttft_s - prefill_s)
+        loaded, source = await self._loaded(ev, params, before if alone else None)
+        card = self.decode.card
+        handoff = HandOff(
+            prefill_replica=self.prefill_name,
+            decode_replica=self.decode_name,
+            prompt_tokens=ev.prompt_tokens,
+            prefill_s=prefill_s,
+            handoff_s=handoff_s,
+            loaded_tokens=loaded,
+            loaded_source=source,
+            block_size=card.block_size or None if card else None,
+            kv_bytes_per_token=card.kv_bytes_per_token or None if card else None,
+            prefill_server=server_timings(
+                prefilled.data.get("metrics"), prefilled.data.get("usage")
+            ),
+        )
+        return dataclasses.replace(ev, handoff=handoff)
+
+    async def _loaded(
+        self, ev: RequestFinished, params: Any, before: float | None
+    ) -> tuple[int | None, str]:
+        """The prompt tokens the decode server did not compute, and what that rests on."""
+        if before is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + COUNTER_GRACE_S
+            while True:
+                after = external_tokens(await self.decode.fetch_text("/metrics"))
+                if after is None:
+                    break
+                if after > before or loop.time() >= deadline:
+                    return round(after - before), f"{self.decode_name}'s KV-connector counter"
+                await asyncio.sleep(0.05)
+        if isinstance(params, dict) and "remote_prefill_cached_tokens" in params:
+            return None, (
+                f"not known: {self.decode_name}'s cached_tokens are then the prefill's own "
+                "cache hits, and its counter tells one request only when it runs alone"
+            )
+        if ev.cached_prompt_tokens is None:
+            return None, f"not known: {self.decode_name} reports no cached_tokens"
+        return ev.cached_prompt_tokens, (
+            f"{self.decode_name}'s cached_tokens (its own prefix cache's hits too)"
+        )
