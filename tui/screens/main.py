@@ -42,6 +42,7 @@ from tui.messages import (
 )
 from tui.screens.conversation import Conversation
 from tui.screens.estimates import FloorFn, PrefillEstimate, estimate, roofline_floor
+from tui.telemetry.perf_agreement import PerfAgreement, step_model_for
 from tui.widgets.chat_pane import ChatPane
 from tui.widgets.controls_panel import ControlsPanel
 from tui.widgets.count_stepper import CountStepper
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from textual.app import ComposeResult
 
     from engine.protocol import Engine
+    from roofline.step_perf import StepModel
     from tui.gc_pauses import GcPolicy
     from tui.plotting import PlotRenderer
     from tui.telemetry.buffers import Telemetry
@@ -286,6 +288,17 @@ class MainScreen(Screen[None]):
         self._floor = floor
         self._update_estimate()
 
+    @work(thread=True, group="step-model", exclusive=True, exit_on_error=False)
+    def _load_step_model(self, card: ModelCard, remote: bool) -> None:
+        # Reads the model's config.json: off the loop. The model is handed over whole, to
+        # be fed on the loop only (one owner: the telemetry).
+        model, missing = step_model_for(card, remote=remote)
+        self.app.call_from_thread(self._step_model_loaded, card, model, missing)
+
+    def _step_model_loaded(self, card: ModelCard, model: StepModel | None, missing: str) -> None:
+        if card is self.card:  # not an engine restarted since
+            self.telemetry.perf_agreement = PerfAgreement(model, missing)
+
     def on_engine_ready(self, message: EngineReady) -> None:
         if self._remove_listener is None:
             self._remove_listener = self.engine.add_step_listener(self._on_step)
@@ -311,6 +324,7 @@ class MainScreen(Screen[None]):
         self.sub_title = message.card.name
         self.refresh_bindings()
         self._load_floor(message.card)
+        self._load_step_model(message.card, remote is not None)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.chat.status.error_text = message.error.plain()

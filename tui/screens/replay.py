@@ -67,6 +67,7 @@ class ReplayNewChat(Message):
 def forget_session(telemetry: Telemetry) -> None:
     """Empty every buffer the panels draw from, as before the first step (a rewind)."""
     telemetry.clear_plots()
+    telemetry.perf_agreement.clear(contexts=True)
     telemetry.requests.clear()
     telemetry.latest = None
     telemetry.t0 = None

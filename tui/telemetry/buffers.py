@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from engine.stats import percentile
 from tui.telemetry.host_watch import HostWatch
+from tui.telemetry.perf_agreement import PerfAgreement
 from tui.telemetry.preemption import Preemption, cost_of, observe
 from tui.telemetry.prefill_fit import PrefillSteps
 from tui.telemetry.request_status import RequestStatus, RequestTrack, RequestTracker
@@ -132,6 +133,9 @@ class Telemetry:
         # The roofline's points: one per step the engine counted (plain values, as above).
         self.perf_points: deque[PerfPoint] = deque(maxlen=steps)
         self.perf_version = 0
+        self.perf_agreement = PerfAgreement()
+        """vLLM's count of each step held to kvscope's; its model is set once the engine's
+        card is known (MainScreen), none until then."""
         self.uncounted = 0
         """Steps (or scrape windows) that ran tokens and whose engine counted no FLOPs: a
         server without --enable-mfu-metrics, a vLLM with it turned off."""
@@ -183,6 +187,7 @@ class Telemetry:
             self.perf_version += 1
         elif sample.perf is None and (sample.prefill_tokens or sample.decode_tokens):
             self.uncounted += 1
+        self.perf_agreement.observe(sample)
         self.requests.sample(sample)
         self.host.add_sample(sample)
         if sample.prefill_tokens > 0 and sample.duration_s > 0:
@@ -313,6 +318,7 @@ class Telemetry:
         self.itl_ms.clear()
         self.points.clear()
         self.perf_points.clear()
+        self.perf_agreement.clear()
         self.uncounted = 0
         self.host.clear()
         self._prefill.clear()

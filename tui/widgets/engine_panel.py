@@ -205,6 +205,7 @@ class EnginePanel(Vertical):
             with Vertical(id="roofline-box", classes="box plot-box") as box:
                 box.border_title = "Roofline: FLOP/s vs FLOPs per byte"
                 yield Plot(NO_PERF_WORDS, id="roofline-plot")
+                yield Static("", id="roofline-check")
             with Vertical(id="load-plot-box", classes="box plot-box") as box:
                 box.border_title = "Load: output tok/s vs median ITL"
                 yield Plot("each load point lands here", id="load-plot")
@@ -401,6 +402,20 @@ class EnginePanel(Vertical):
                 roofline_title(summary, windows=windows),
                 roofline_key(summary, why, windows=windows) if figure is not None else why,
             )
+        agreement = tel.perf_agreement
+        if changed("roofline-check", (agreement, agreement.version)):
+            # vLLM's count against kvscope's: one line under the plot, only where there
+            # is something to say (one re-layout when it first appears, none per step).
+            words = agreement.words()
+            check = self.query_one("#roofline-check", Static)
+            check.set_class(agreement.first is not None, "-disagree")
+            # A re-layout only when the line's rows change (it appears, or wraps anew).
+            width = max(1, check.content_size.width or plot.content_size.width)
+            rows = -(-len(words) // width)
+            layout = not check.display or rows != self._seen.get("roofline-check-rows")
+            self._seen["roofline-check-rows"] = rows
+            check.update(Text(words), layout=layout)
+            check.display = bool(words)
         return plot
 
     async def redraw(self, renderer: PlotRenderer, *, wait: bool = True) -> None:
