@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from session_engine import ENGINE_ARGV
 from vllm_imports import VllmImports, scan_source
+from work_meter import METER
 
 from tui.settings import CONFIG_DIR_ENV
 
@@ -66,15 +67,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 TIMELINE_ENV = "KVSCOPE_TEST_TIMELINE"
 
 
+# Each line also says what the test asked of vLLM (tests/work_meter.py: prefill and
+# decode seconds, prefill tokens), from which scripts/test_timeline.py estimates the suite
+# on a slower CPU, and whether it starts vLLM in a subprocess of its own (not counted).
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    path = os.environ.get(TIMELINE_ENV)
+    # Servers are read around engine tests only: the others cannot make one work.
+    servers = item.get_closest_marker("engine") is not None
+    if path:
+        METER.count_engines()
+        before = METER.reading(servers)
     began = time.time()
     yield
-    path = os.environ.get(TIMELINE_ENV)
     if path:
+        took = time.time() - began
+        METER.count_engines()
+        work = METER.reading(servers) - before
+        own = int(item.get_closest_marker("own_engine") is not None)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a", encoding="utf-8") as out:
-            out.write(f"{worker}\t{began:.3f}\t{time.time() - began:.3f}\t{item.nodeid}\n")
+            out.write(
+                f"{worker}\t{began:.3f}\t{took:.3f}\t{item.nodeid}\t{work.prefill_s:.3f}\t"
+                f"{work.decode_s:.3f}\t{work.prefill_tokens}\t{own}\n"
+            )
 
 
 @pytest.fixture(autouse=True)
@@ -154,6 +172,7 @@ def vllm_engine() -> Iterator[object]:
 
     engine = VllmEngine(argv=ENGINE_ARGV)
     engine.start()
+    METER.count(engine)  # it may start before the meter could patch VllmEngine.start
     yield engine
     engine.shutdown()
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from session_engine import TEST_DTYPE
+from work_meter import METER
 
 from benchmarks.guidellm_mock import free_port as free_port  # for the tests that import it here
 
@@ -180,6 +181,7 @@ class VllmServer:
                 )
             if self.healthy():
                 self.start_seconds = time.perf_counter() - self._began
+                METER.watch_server(self.url)  # its work is a test's (tests/work_meter.py)
                 return
             time.sleep(0.5)
         took = time.perf_counter() - self._began

@@ -122,9 +122,9 @@ async def test_a_prompt_prefilled_on_one_server_is_decoded_on_the_other_from_its
     assert h is not None and h.prefill_replica == "prefill" and h.decode_replica == "decode"
     block = pd.card.block_size if pd.card else 0
     assert block == 32  # tests/remote_server.py's --block-size
-    # The connector moves whole blocks, and the decode server computes at least the last
-    # prompt token itself: every whole block before it is loaded.
-    expected = (PROMPT_TOKENS - 1) // block * block
+    # ExampleConnector keeps whole blocks, short of the last prompt token and the one
+    # before it (its align_to_block_size(len - 1): (L - 2) // block x block, 288 of 300).
+    expected = (PROMPT_TOKENS - 2) // block * block
     assert h.loaded_tokens == expected, h
     assert h.loaded_source == "decode's KV-connector counter"
     assert h.recomputed_tokens == PROMPT_TOKENS - expected
