@@ -23,10 +23,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from bench.sweep_result import point_record, roofs_record
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from bench.arrivals import ArrivalKind
+    from roofline.point_perf import PointRoofline, PointRoofs
 
 LoadMode = Literal["concurrency", "rate"]
 Profile = Literal["concurrency", "rate", "synchronous", "throughput"]
@@ -130,6 +133,8 @@ class LoadPoint:
     notes: tuple[str, ...] = ()
     steps: StepView | None = None
     requests: tuple[dict[str, Any], ...] = ()
+    # The point on the roofline (FLOP/s, bytes/s, intensity), or why not; None: not asked.
+    roofline: PointRoofline | None = None
 
     @property
     def label(self) -> str:
@@ -174,7 +179,7 @@ class LoadPoint:
         """The flat figures: the CSV row, and the JSON point without its requests."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in ("requests", "steps", "notes"):
+            if f.name in ("requests", "steps", "notes", "roofline"):
                 continue
             out[f.name] = _num(getattr(self, f.name))
         out["label"] = self.label
@@ -196,6 +201,7 @@ class LoadResult:
     hardware: dict[str, Any] | None = None
     complete: bool = True
     find_max: dict[str, Any] | None = None  # the search's answer, when one ran
+    roofs: PointRoofs | str | None = None  # what each point's share is of, or why none
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,7 +212,11 @@ class LoadResult:
             "model": self.model,
             "hardware": self.hardware,
             "find_max": self.find_max,
-            "points": [{**p.row(), "requests": list(p.requests)} for p in self.points],
+            **roofs_record(self.roofs),
+            "points": [
+                {**p.row(), **point_record(p.roofline, self.roofs), "requests": list(p.requests)}
+                for p in self.points
+            ],
         }
 
     def to_json(self) -> str:

@@ -36,6 +36,7 @@ from engine.clock import Clock, RealClock
 from engine.errors import BadOption, KvscopeError
 from engine.request_book import check_prompt_length, prompt_fits
 from engine.stats import mean, percentile
+from roofline.point_perf import point_roofline
 
 if TYPE_CHECKING:
     from bench.load_loops import SentRequest
@@ -307,6 +308,7 @@ class LoadRunner:
                 point = PointInFlight(self.engine, self.clock, level.rate, tick)
                 point.planned, point.duration_s = count, c.duration_s
                 await closed_loop(point, users, ready, count, maker, c.duration_s)
+            await taps.last_window()
         finally:
             taps.detach()
         return self._summarize(level, point, taps)
@@ -375,6 +377,10 @@ class LoadRunner:
             figures["schedule_error_p99_ms"] = percentile(errors, 99)
         known = [f.cached_prompt_tokens for f in fins if f.cached_prompt_tokens is not None]
         steps, queued = step_view(taps, p.start, done)
+        roofline = point_roofline(
+            [s for s in taps.steps if s.started_at >= p.start - 1e-9],
+            [s for s in taps.scrapes if s.time_s >= p.start],
+        )
         notes = _notes(p, steps, queued, len(done))
         words = None
         if failed:
@@ -416,6 +422,7 @@ class LoadRunner:
             notes=tuple(notes),
             steps=steps,
             requests=records,
+            roofline=roofline,
             **figures,
         )
 

@@ -7,6 +7,7 @@ sums them up as the point's `StepView`, with how many requests waited behind a s
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from engine.events import ScrapeSample, StepSample
     from engine.protocol import Engine
 
+POLL_S = 0.02
+
 
 @dataclass
 class StepTaps:
@@ -28,6 +31,7 @@ class StepTaps:
     steps: list[StepSample] = field(default_factory=list)
     scrapes: list[ScrapeSample] = field(default_factory=list)
     removers: list[Callable[[], None]] = field(default_factory=list)
+    scraping: bool = False  # listening to a server's scrapes (no steps to see)
 
     def attach(self, engine: Engine) -> None:
         features = engine.features
@@ -36,6 +40,21 @@ class StepTaps:
             self.removers.append(engine.add_step_listener(self.steps.append))
         elif features.remote is not None:
             self.removers.append(features.remote.add_scrape_listener(self.scrapes.append))
+            self.scraping = True
+
+    async def last_window(self, windows: int = 2, timeout_s: float = 2.0) -> None:
+        """Attached, wait for `windows` more scrapes: the work of the point's last moments
+        is in a window that closes after it (one scrape may have been under way as the
+        point ended), and the point's FLOP counts would miss its tail. No wait in-process,
+        where each step is handed over as it ends."""
+        if not self.scraping or not self.removers:
+            return
+        until = len(self.scrapes) + windows
+        # Polled: the scrapes arrive on the scraper's thread, which only appends to a list.
+        for _ in range(max(1, round(timeout_s / POLL_S))):
+            if len(self.scrapes) >= until:
+                return
+            await asyncio.sleep(POLL_S)
 
     def detach(self) -> None:
         for remove in self.removers:

@@ -15,11 +15,13 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from bench.records import request_record
+from bench.step_view import StepTaps
 from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
 from engine.errors import KvscopeError
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings
 from engine.request_book import check_prompt_length
 from engine.stats import summarize_ms
+from roofline.point_perf import point_roofline
 
 if TYPE_CHECKING:
     from engine.protocol import Engine
@@ -104,7 +106,11 @@ def _pct(floor_ms: float | None, measured_ms: float) -> float | None:
 
 
 def summarize(
-    prompt_len: int, done: list[RequestFinished], duration_s: float, floors: FloorFn | None
+    prompt_len: int,
+    done: list[RequestFinished],
+    duration_s: float,
+    floors: FloorFn | None,
+    taps: StepTaps | None = None,
 ) -> SweepPoint:
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     itl = [x for r in done for x in r.itl_s]
@@ -146,7 +152,9 @@ def summarize(
         itl_pct_of_floor=_pct(itl_floor, i["median_itl_ms"]),
     )
     requests = tuple(request_record(r) for r in done)
-    return SweepPoint(prompt_len, True, None, metrics, requests)
+    # The point on the roofline: what the engine counted over this length's runs.
+    roofline = point_roofline(taps.steps, taps.scrapes) if taps is not None else None
+    return SweepPoint(prompt_len, True, None, metrics, requests, roofline)
 
 
 async def run_sweep(
@@ -183,6 +191,9 @@ async def run_sweep(
     for index, prompt_len in enumerate(config.prompt_lens):
         finished: list[RequestFinished] = []
         duration = 0.0
+        # Attached only while this length runs: its steps (or scrape windows) are its own.
+        taps = StepTaps()
+        taps.attach(engine)
         try:
             if card is not None:
                 # Before the prompt is built: 10^9 synthetic tokens would take GBs first.
@@ -196,12 +207,16 @@ async def run_sweep(
                 finished += await _send_together(engine, batch)
                 duration += time.perf_counter() - start
                 tick()
-            point = summarize(prompt_len, finished, duration, floors)
+            await taps.last_window()
+            taps.detach()
+            point = summarize(prompt_len, finished, duration, floors, taps)
         except KvscopeError as exc:
             point = SweepPoint(prompt_len, False, exc.plain(), None)
             # Count the runs this length will not make, so progress stays truthful.
             done_units = config.warmup + (index + 1) * config.runs - 1
             tick()
+        finally:
+            taps.detach()  # also when the sweep is stopped: no listener outlives its point
         result.points.append(point)
         if on_point:
             on_point(point)

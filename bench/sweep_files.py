@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, get_args
 
 from bench.load_result import LoadConfig, LoadPoint, LoadResult, Profile, StepView
-from bench.sweep_result import SweepResult, required_key
+from bench.sweep_result import SweepResult, read_point_roofline, read_roofs, required_key
 from engine.errors import KvscopeError
 from engine.input_files import NotAFile, open_regular_file
 from engine.sizes import MIB
@@ -46,6 +46,11 @@ MAX_FILE_BYTES = 64 * MIB
 """A saved sweep with every request's timings is a few MB; past this, it is not one."""
 MAX_NUMBER = 1e15
 """Past any real latency (ms), length or rate: the charts and ratios stay finite."""
+MAX_WORK = 1e21
+"""The bound of a point's FLOPs, bytes and their rates (its "roofline" and the file's
+"roofs"): a 70B model's 4k prompts run thrice count past 10^15 FLOPs, and a GPU's peak is
+10^15 FLOP/s; still finite on a log axis (as the tapes' bound, engine/tape/values.py)."""
+_WORK_KEYS = frozenset({"roofline", "roofs"})
 
 
 def _refuse_constant(name: str) -> Any:
@@ -54,23 +59,23 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _check_numbers(data: Any) -> None:
-    """Every number in the file is within ±MAX_NUMBER (1e308 overflows the charts)."""
-    stack = [data]
+    """Every number in the file is within ±MAX_NUMBER (1e308 overflows the charts), or,
+    under a "roofline" or "roofs" key, within ±MAX_WORK."""
+    stack: list[tuple[Any, float]] = [(data, MAX_NUMBER)]
     while stack:
-        item = stack.pop()
+        item, bound = stack.pop()
         if isinstance(item, dict):
-            stack.extend(item.values())
+            stack.extend((v, MAX_WORK if k in _WORK_KEYS else bound) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((v, bound) for v in item)
         elif (
             isinstance(item, int | float)
             and not isinstance(item, bool)
-            and not -MAX_NUMBER <= item <= MAX_NUMBER
+            and not -bound <= item <= bound
         ):
             shown = str(item) if len(str(item)) <= 24 else str(item)[:21] + "..."
             raise ValueError(
-                f"it holds the number {shown}, past the ±{MAX_NUMBER:g} a sweep's figures "
-                "stay within"
+                f"it holds the number {shown}, past the ±{bound:g} a sweep's figures stay within"
             )
 
 
@@ -235,7 +240,7 @@ def _load_point(row: Any, n: int) -> LoadPoint:
         None if rate is None else _number(rate, f'{where} has "request_rate"', inf=True)
     )
     for name in _POINT_FIELDS:
-        if name in values or name in ("requests", "steps", "notes") or name not in row:
+        if name in values or name in ("requests", "steps", "notes", "roofline") or name not in row:
             continue
         value = row[name]
         if value is None or value == "":
@@ -268,6 +273,7 @@ def _load_point(row: Any, n: int) -> LoadPoint:
     if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
         raise ValueError(f'{where} has "requests" that is not a list of objects')
     values["requests"] = tuple(requests)
+    values["roofline"] = read_point_roofline(row, where)
     return LoadPoint(**values)
 
 
@@ -294,6 +300,10 @@ def _load_from_data(data: Any) -> SavedLoad:
         hardware=hardware if isinstance(hardware, dict) else None,
         complete=data.get("complete") is not False,
     )
+    try:
+        result.roofs = read_roofs(data, "the file")
+    except ValueError as exc:
+        raise ValueError(f"it is not a load sweep: {exc}") from None
     return SavedLoad(result)
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from engine.errors import BadOption
+from roofline.point_perf import PointRoofline, PointRoofs
 
 CSV_FIELDS = (
     "prompt_len",
@@ -126,6 +127,8 @@ class SweepPoint:
     error: str | None
     metrics: SweepMetrics | None = None  # None when the length failed
     requests: tuple[dict[str, Any], ...] = ()
+    # The point on the roofline (FLOP/s, bytes/s, intensity), or why not; None: not asked.
+    roofline: PointRoofline | None = None
 
     def value(self, name: str) -> float | None:
         return self.metrics.value(name) if self.metrics is not None else None
@@ -148,6 +151,8 @@ class SweepResult:
     # False while the sweep still runs: a file written point by point says so, and a
     # sweep stopped half-way leaves a file that says it is partial.
     complete: bool = True
+    # The roofs each point's share is of, or why there are none.
+    roofs: PointRoofs | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,7 +160,11 @@ class SweepResult:
             "complete": self.complete,
             "model": self.model,
             "hardware": self.hardware,
-            "points": [{**p.row(), "requests": list(p.requests)} for p in self.points],
+            **roofs_record(self.roofs),
+            "points": [
+                {**p.row(), **point_record(p.roofline, self.roofs), "requests": list(p.requests)}
+                for p in self.points
+            ],
         }
 
     def to_json(self) -> str:
@@ -203,6 +212,7 @@ class SweepResult:
                     p.get("error") or None,
                     SweepMetrics.from_dict(p) if ok else None,
                     tuple(p.get("requests", ())),
+                    read_point_roofline(p, at),
                 )
             )
         model, hardware = data.get("model"), data.get("hardware")
@@ -212,6 +222,7 @@ class SweepResult:
             model if isinstance(model, dict) else None,
             hardware if isinstance(hardware, dict) else None,
             bool(data.get("complete", True)),
+            read_roofs(data, where),
         )
 
     def to_csv(self) -> str:
@@ -255,6 +266,38 @@ def required_key(data: Any, key: str, where: str, kind: type | None = None) -> A
         what = {dict: "an object", list: "a list", bool: "true or false"}.get(kind, kind.__name__)
         raise ValueError(f'{where} has "{key}": {value!r}, not {what}')
     return value
+
+
+def roofs_record(roofs: PointRoofs | str | None) -> dict[str, Any]:
+    """A result's "roofs" key: the roofs, or why none ({} where not asked)."""
+    if roofs is None:
+        return {}
+    if isinstance(roofs, str):
+        return {"roofs": {"missing": roofs}}
+    return {"roofs": roofs.to_dict()}
+
+
+def point_record(roofline: PointRoofline | None, roofs: PointRoofs | str | None) -> dict[str, Any]:
+    """A point's "roofline" key ({} where not asked)."""
+    if roofline is None:
+        return {}
+    return {"roofline": roofline.to_dict(roofs if isinstance(roofs, PointRoofs) else None)}
+
+
+def read_roofs(data: dict[str, Any], where: str) -> PointRoofs | str | None:
+    """The roofs `roofs_record` wrote (a file from before them has none)."""
+    saved = data.get("roofs")
+    if saved is None:
+        return None
+    if isinstance(saved, dict) and "peak_flops" not in saved:
+        return str(saved.get("missing") or "the file names no roofs")
+    return PointRoofs.from_dict(saved, f'{where}\'s "roofs"')
+
+
+def read_point_roofline(point: dict[str, Any], at: str) -> PointRoofline | None:
+    """A point's roofline figures as `point_record` wrote them (None: a file from before)."""
+    saved = point.get("roofline")
+    return None if saved is None else PointRoofline.from_dict(saved, f'{at}\'s "roofline"')
 
 
 def _is_number(value: Any) -> bool:

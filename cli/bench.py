@@ -15,7 +15,7 @@ from cli.measure import check_output_len, measure
 from cli.result_files import result_files, say_problems
 from cli.roofline import parse_int_list, parse_int_option
 from cli.sweep_table import render_summary
-from engine.errors import BadOption
+from engine.errors import BadOption, KvscopeError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from cli.result_files import ResultFile
     from engine.protocol import Engine
+    from roofline.point_perf import PointRoofs
 
 EXIT_SOME_FAILED = 3
 DEFAULT_LENS = "512,1024,2048,4096"
@@ -167,7 +168,9 @@ def run_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
         with bench_engine(
             args, engine_argv, check=lambda flags: check_output_len(config, flags.max_model_len)
         ) as engine:
-            measure(engine, config, result, files, hardware=roofline_hardware(args, engine))
+            hardware = roofline_hardware(args, engine)
+            result.roofs = bench_roofs(args, engine, hardware)
+            measure(engine, config, result, files, hardware=hardware)
     except KeyboardInterrupt:
         # Stopped half-way: what was measured is already in the files; show it too.
         if result.points:
@@ -226,6 +229,43 @@ def roofline_hardware(args: argparse.Namespace, engine: Engine) -> str | None:
     return str(args.hardware) if args.hardware else None
 
 
+def bench_roofs(args: argparse.Namespace, engine: Engine, hardware: str | None) -> PointRoofs | str:
+    """The roofs each point's share is of, or why there are none: the live roofline's
+    (`machine_roofs`: this CPU's calibration, the fake's set machine, an NVML-named GPU's
+    profile) for an in-process engine, whose steps run here even when a GPU is emulated;
+    for a server, the --hardware profile, since nothing here knows its machine."""
+    from roofline.hardware import load_profile
+    from roofline.point_perf import PointRoofs
+    from tui.roofline_figure import machine_roofs
+
+    card = engine.card
+    if engine.features.remote is not None:
+        if not args.hardware:
+            return (
+                "the server's machine is not known here: give --hardware KEY (l4, "
+                "h100-sxm, ...) for each point's share of its roofs"
+            )
+        try:
+            p = load_profile(str(args.hardware), option="--hardware")
+        except KvscopeError as exc:
+            return exc.plain()
+        return PointRoofs(p.name, p.peak_bf16_flops, p.mem_bandwidth_bytes_s)
+    if card is None:
+        return "the engine has no model card, so its machine is not known"
+    roofs = machine_roofs(card)
+    if isinstance(roofs, str) and card.device == "cpu" and hardware == "cpu":
+        # Uncalibrated: the floors measure this CPU (load_profile caches it), and then the
+        # live roofline's source has it too.
+        try:
+            load_profile("cpu", option="--hardware")
+        except KvscopeError as exc:
+            return exc.plain()
+        roofs = machine_roofs(card)
+    if isinstance(roofs, str):
+        return roofs
+    return PointRoofs(roofs.name, roofs.peak_flops, roofs.bandwidth)
+
+
 def run_load_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
     from cli.launch import int_flag, say
     from cli.load_bench import (
@@ -250,7 +290,9 @@ def run_load_bench(args: argparse.Namespace, engine_argv: list[str]) -> int:
             engine_argv,
             check=lambda flags: check_load_output_len(config, flags.max_model_len),
         ) as engine:
-            measure_load(engine, config, result, files, hardware=roofline_hardware(args, engine))
+            hardware = roofline_hardware(args, engine)
+            result.roofs = bench_roofs(args, engine, hardware)
+            measure_load(engine, config, result, files, hardware=hardware)
     except KeyboardInterrupt:
         if result.points:
             report_load(result, files)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from cli.sweep_table import SCRIPTED, SIMULATED, busy_host, simulated
+from cli.sweep_table import SCRIPTED, SIMULATED, busy_host, render_roofline, simulated
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,6 +69,7 @@ def render_load(result: LoadResult, console: Console) -> None:
             row.append(_opt(p.roofline_output_throughput, "{:,.0f}"))
         table.add_row(*row)
     console.print(table)
+    render_roofline([(p.label, p.roofline) for p in result.points], result.roofs, console)
     for p in result.points:
         if not p.ok and not p.completed:
             console.print(f"{p.label}: failed: {p.error}", markup=False, highlight=False)

@@ -9,14 +9,18 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.table import Table
 
 from roofline.floors import FLOOR_BEATEN, floor_beaten, floor_share_words
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
     from bench.sweep_result import SweepPoint, SweepResult
+    from roofline.point_perf import PointPerf, PointRoofline, PointRoofs
 
 
 def render_summary(result: SweepResult, console: Console) -> None:
@@ -67,6 +71,11 @@ def render_summary(result: SweepResult, console: Console) -> None:
             *(_share_cell(v) for v in shares),
         )
     console.print(table)
+    render_roofline(
+        [(f"{p.prompt_len:,} tokens", p.roofline) for p in result.points if p.ok],
+        result.roofs,
+        console,
+    )
     if beaten:
         console.print(
             f"[red]{FLOOR_BEATEN}[/]: a measurement was faster than its floor, which no "
@@ -102,6 +111,86 @@ def render_summary(result: SweepResult, console: Console) -> None:
         if busy:
             console.print(busy)
         console.file.write(charts(result, width=min(console.width, 100)) + "\n")
+
+
+def render_roofline(
+    rows: Sequence[tuple[str, PointRoofline | None]],
+    roofs: PointRoofs | str | None,
+    console: Console,
+) -> None:
+    """Each point on the roofline: the FLOP/s and bytes/s it achieved, its intensity, and
+    its share of the roof that binds it (in-process, its prefill and decode steps apart);
+    or, where the engine counted nothing, which flag gives the figures. Nothing where the
+    points carry no roofline (a result from before it)."""
+    from roofline.point_perf import PointRoofs, roof_share
+    from tui.roofline_figure import si
+
+    shown = [(label, r) for label, r in rows if r is not None]
+    if not shown:
+        return
+    known = roofs if isinstance(roofs, PointRoofs) else None
+    sources = sorted({r.whole.source for _, r in shown if r.whole is not None})
+    title = "Roofline per point" + (f" (counted by {', '.join(sources)})" if sources else "")
+    if known is not None:
+        title += (
+            f": roofs {known.name}, {si(known.peak_flops, ' ')}FLOP/s, "
+            f"{si(known.bandwidth, ' ')}B/s, ridge {known.ridge:,.1f} FLOP/byte"
+        )
+    # No vertical rules: it reads apart from the latency table above it, whose rows
+    # scripts pick by their first cell.
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("point", "steps", "counted", "FLOP/s", "GB/s", "FLOP/byte", "roof", "of roof"):
+        table.add_column(col, justify="right")
+    missing: list[str] = []
+    above = False
+
+    def add(label: str, part: str, perf: PointPerf) -> None:
+        nonlocal above
+        share = roof_share(perf, known) if known is not None else None
+        if share is None:
+            roof, of_roof = "-", "-"
+        elif share.above:
+            above = True
+            roof, of_roof = share.binding, "[red]above: calibration problem[/]"
+        else:
+            roof, of_roof = share.binding, f"{100 * share.share:.0f} %"
+        intensity = perf.intensity
+        table.add_row(
+            label,
+            part,
+            f"{perf.counted:,} of {perf.of:,} {perf.unit}",
+            si(perf.flops_per_s),
+            f"{perf.bytes_per_s / 1e9:,.2f}",
+            f"{intensity:,.2f}" if intensity is not None else "-",
+            roof,
+            of_roof,
+        )
+
+    for label, r in shown:
+        if r.whole is None:
+            table.add_row(label, "-", "none", *["-"] * 5)
+            if r.missing not in missing:
+                missing.append(r.missing)
+            continue
+        add(label, "all", r.whole)
+        for kind, perf in r.by_kind:
+            add("", kind, perf)
+    console.print(table)
+    for why in missing:
+        console.print(f"No FLOP or byte counts: {why}.", markup=False, highlight=False)
+    if isinstance(roofs, str):
+        console.print(f"No share of a roof: {roofs}.", markup=False, highlight=False)
+    if above:
+        console.print(
+            "[red]A point above a roof[/] cannot be: the roofs are too low for this machine "
+            "or the counts are wrong; measure the roofs again with "
+            "`kvscope roofline --gpu cpu --recalibrate` (on a GPU, check --hardware)."
+        )
+    if any(r.whole is not None and r.whole.unit == "scrape windows" for _, r in shown):
+        console.print(
+            "Attached: each point's figures are the server's counter deltas over the scrape "
+            "windows it ran in (all its requests, idle moments included), not its steps."
+        )
 
 
 def _share_cell(percent: float | None) -> str:
