@@ -350,3 +350,28 @@ def _remote_text(app: KvscopeApp) -> str:
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(app.main_screen.engine_panel.remote_state.render())
     return console.export_text().replace("\n", " ")
+
+
+# -- reachable: F8 in the footer and in help ---------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_footer_shows_f8_and_help_lists_it(size: tuple[int, int]) -> None:
+    from textual.widgets._footer import FooterKey  # not re-exported
+
+    from tui.screens.help import HelpScreen
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await engine_ready(pilot)
+        keys = {key.action: key for key in app.screen.query(FooterKey)}
+        # After F1 and F5, before the rest: a narrow terminal cuts the row at its right.
+        f8 = keys["toggle_roofline"]
+        assert f8.region.right <= size[0] and "Roofline" in f8.render().plain
+        assert keys["help"].region.x < keys["sweep"].region.x < f8.region.x
+        await pilot.press("f1")
+        await settle(pilot)
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        rows = dict(row for _, rows in help_screen.key_sections() for row in rows)
+        assert rows["f8"] == "Roofline plot on/off"

@@ -71,7 +71,13 @@ Under the slope a step is memory-bound: it waits on bytes, as decode does, readi
 weight for one token per request. Under the flat roof it is compute-bound, as a long
 prompt's prefill is. The ridge is where the two roofs meet: more users move decode right,
 towards it, because the batch shares the weight reads. No step can beat a roof: a point
-above one (!) is a calibration problem, and the plot says so in words.
+above one (!) is a calibration problem, and the plot says so in words. In-process, the
+line under the plot holds vLLM's count of each step to kvscope's own (the same scheduled
+tokens through `roofline/`'s model): they agree within 2 %, or it names the first step
+that does not. Attached to a server (`--url`) there are no steps: each point is one
+*scrape window*, the growth of the server's `vllm:estimated_*` counters between two
+/metrics scrapes; a server started without `--enable-mfu-metrics` counts nothing, and
+the Server box says so.
 
 **Latency anatomy.** A finished reply's footer splits its TTFT into queue, its own prefill
 (and in how many chunks), others' work in those steps, and preemption, when the engine
@@ -131,7 +137,8 @@ def binding_rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
         if not isinstance(item, Binding):
             continue
         keys = " / ".join(KEY_GLYPHS.get(k.strip(), k.strip()) for k in item.key.split(","))
-        rows.append((keys, item.description or item.action))
+        # The tooltip where there is one: the footer's description is cut short to fit.
+        rows.append((keys, item.tooltip or item.description or item.action))
     return rows
 
 

@@ -101,7 +101,8 @@ class MainScreen(Screen[None]):
         Binding("pagedown", "scroll_panel(1)", "Scroll down", show=False),
         Binding("ctrl+y", "toggle_log_latency", "Latency plot: log y-axis", show=False),
         Binding("f6", "toggle_timeline", "ITL plot / request timeline", show=False),
-        Binding("f8", "toggle_roofline", "Roofline plot on/off", show=False),
+        # Short in the footer, where every column counts; help says it in full (tooltip).
+        Binding("f8", "toggle_roofline", "Roofline", tooltip="Roofline plot on/off"),
         Binding("f2", "show_panel('chat')", "Chat panel", show=False),
         Binding("f3", "show_panel('engine')", "Engine panel", show=False),
         Binding("f4", "show_panel('controls')", "Controls panel", show=False),

@@ -21,10 +21,11 @@ class PrunedFooter(Footer):
 
     Textual lists the focused widget's keys first and the app's last, and a narrow
     terminal cuts the row at its right edge: at 80x24 F1 (help, which lists every key) and
-    F5 were the ones lost. The keys of `LEADING_ACTIONS` go first, so they always show.
+    F5 were the ones lost, and F8 (the roofline, off until asked for: a key nobody sees is
+    a panel nobody finds). The keys of `LEADING_ACTIONS` go first, so they always show.
     """
 
-    LEADING_ACTIONS: ClassVar[tuple[str, ...]] = ("help", "sweep")
+    LEADING_ACTIONS: ClassVar[tuple[str, ...]] = ("help", "sweep", "toggle_roofline")
     """Actions whose keys lead the row, in this order."""
 
     def compose(self) -> ComposeResult:
