@@ -154,7 +154,15 @@ class HandOff:
         else:
             out.append((f"prefill on {p} (its whole answer)", self.prefill_s))
         if self.handoff_s is not None:
-            out.append((f"KV hand-off + first step on {d}", self.handoff_s))
+            moved = self.transfer_s
+            if moved is not None and moved <= self.handoff_s:
+                # The connector timed its own transfer (NIXL): the rest is the decode's step.
+                out += [
+                    (f"KV transfer to {d}", moved),
+                    (f"first step on {d}", self.handoff_s - moved),
+                ]
+            else:
+                out.append((f"KV hand-off + first step on {d}", self.handoff_s))
         return tuple(out)
 
     def words(self) -> str:

@@ -13,17 +13,20 @@ import json
 import random
 import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from cli_helpers import run_kvscope
 from real_pd import RealPair, running_pair
+from remote_server import model_dir
 
 from bench.records import request_record
 from cli.attach import check_replicas, make_fleet, make_remote
 from engine.errors import KvscopeError, ServerUnreachable
 from engine.events import GenerationRequest, RequestFinished, SamplingSettings, TokenEvent
 from engine.fleet.disaggregated import DisaggregatedEngine
+from engine.model_geometry import read_attention_geometry
 from engine.remote import RemoteEngine
 from engine.remote.timeouts import DEFAULT_TIMEOUTS
 from tui.widgets.reply_footer import anatomy_fields, footer_fields
@@ -130,6 +133,12 @@ async def test_a_prompt_prefilled_on_one_server_is_decoded_on_the_other_from_its
     assert h.recomputed_tokens == PROMPT_TOKENS - expected
     assert not h.fell_back
     assert pair.stored_files(), "the prefill server wrote no KV to the shared folder"
+    # What that KV weighs: the model's K and V a token, in the servers' float32, against
+    # the decode server's pool bytes over its pool tokens (cache_config_info).
+    geometry = read_attention_geometry(json.loads((Path(model_dir()) / "config.json").read_text()))
+    per_token = geometry.kv_bytes_per_token(4)
+    assert h.loaded_bytes == pytest.approx(expected * per_token, rel=1e-3), h
+    assert h.transfer_s is None  # ExampleConnector times nothing of its own
     # The TTFT is the client's, from the ask to the decode server's first token: the
     # prefill server's whole answer, then the hand-off; the parts add up to it.
     assert done.ttft_s is not None and h.handoff_s is not None
@@ -204,3 +213,30 @@ async def test_a_prefill_server_gone_is_said_and_nothing_reaches_the_decode_serv
     words = raised.value.plain()
     assert pair.prefill.url in words and "it is the prefill server (prefill)" in words
     assert "nothing was sent to the decode server (decode)" in words
+
+
+NIXL_PAGE = """\
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} %d
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} %f
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} %d
+"""
+
+
+def test_nixls_own_transfer_time_and_bytes_split_the_handoff() -> None:
+    """Read, not run: no NIXL on a CPU. The counters as vLLM's NixlPromMetrics names them
+    (distributed/kv_transfer/kv_connector/v1/nixl/stats.py), moved by one request."""
+    from engine.events import HandOff
+    from engine.fleet.disaggregated import DecodeCounters, _delta
+
+    before = DecodeCounters.parse(NIXL_PAGE % (100, 1.0, 1000))
+    after = DecodeCounters.parse(NIXL_PAGE % (388, 1.25, 1000 + 288 * 46080))
+    moved = _delta(before, after, lambda c: c.transfer_s)
+    assert moved == pytest.approx(0.25)
+    assert _delta(before, after, lambda c: c.external_tokens) == 288
+    h = HandOff(
+        "p", "d", 300, prefill_s=0.5, handoff_s=0.4, loaded_tokens=288, loaded_source="x",
+        block_size=32, transfer_s=moved, transfer_bytes=288 * 46080,
+    )  # fmt: skip
+    assert dict(h.parts())["KV transfer to d"] == pytest.approx(0.25)
+    assert dict(h.parts())["first step on d"] == pytest.approx(0.15)
+    assert h.loaded_bytes == 288 * 46080

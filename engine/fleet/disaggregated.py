@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import ServerUnreachable
@@ -35,7 +36,7 @@ from engine.remote.metrics import parse_metrics
 from engine.remote.streaming import server_timings
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator, Callable, Mapping
 
     from engine.events import EngineEvent, GenerationRequest
     from engine.remote import RemoteEngine
@@ -54,26 +55,54 @@ PREFILL_PARAMS: Mapping[str, Any] = {
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 EXTERNAL_SOURCE = "external_kv_transfer"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+NIXL_TIME = "vllm:nixl_xfer_time_seconds_sum"
+NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
+CACHE_INFO = "vllm:cache_config_info"
 # How long the decode server's counter may lag its last chunk: vLLM's stat loggers count
 # a finished request in the same step, but the HTTP answer can beat the next /metrics.
 COUNTER_GRACE_S = 1.0
 
 
-def external_tokens(metrics_text: str | None) -> float | None:
-    """Prompt tokens a server took from a KV connector since it started (None: it says not).
+@dataclass(frozen=True)
+class DecodeCounters:
+    """What one /metrics text of the decode server says about KV that came from elsewhere
+    (None where it says nothing): totals since it started, but `kv_bytes_per_token`."""
 
-    `prompt_tokens_by_source_total{source="external_kv_transfer"}`, else the connector's
-    prefix-cache hit counter, which counts the same tokens."""
-    if metrics_text is None:
-        return None
-    parsed = parse_metrics(metrics_text)
-    by_source = [
-        v for labels, v in parsed.get(PROMPT_BY_SOURCE) if labels.get("source") == EXTERNAL_SOURCE
-    ]
-    if by_source:
-        return sum(by_source)
-    hits = parsed.get(EXTERNAL_HITS)
-    return sum(v for _, v in hits) if hits else None
+    external_tokens: float | None
+    """Prompt tokens taken from a KV connector: `prompt_tokens_by_source_total{source=
+    "external_kv_transfer"}`, else the connector's prefix-cache hits (the same tokens)."""
+    transfer_s: float | None  # NIXL's own transfer time (vllm:nixl_xfer_time_seconds)
+    transfer_bytes: float | None  # and its bytes (vllm:nixl_bytes_transferred)
+    kv_bytes_per_token: float | None
+    """The pool's bytes over its tokens (cache_config_info, where the server was given
+    --kv-cache-memory-bytes): what a token's KV weighs on this server."""
+
+    @classmethod
+    def parse(cls, text: str | None) -> DecodeCounters | None:
+        if text is None:
+            return None
+        parsed = parse_metrics(text)
+
+        def total(name: str) -> float | None:
+            found = parsed.get(name)
+            return sum(v for _, v in found) if found else None
+
+        by_source = [
+            v
+            for labels, v in parsed.get(PROMPT_BY_SOURCE)
+            if labels.get("source") == EXTERNAL_SOURCE
+        ]
+        per_token = None
+        for labels, _ in parsed.get(CACHE_INFO):
+            pool, tokens = labels.get("kv_cache_memory_bytes"), labels.get("kv_cache_size_tokens")
+            if pool and tokens and pool.isdigit() and tokens.isdigit() and int(tokens) > 0:
+                per_token = int(pool) / int(tokens)
+        return cls(
+            sum(by_source) if by_source else total(EXTERNAL_HITS),
+            total(NIXL_TIME),
+            total(NIXL_BYTES),
+            per_token,
+        )
 
 
 class DisaggregatedEngine(RoundRobinEngine):
@@ -125,7 +154,7 @@ class DisaggregatedEngine(RoundRobinEngine):
         try:
             # Read before the prefill: with no other request in flight, the decode server's
             # counter then moves by this request's loaded tokens only.
-            before = external_tokens(await self.decode.fetch_text("/metrics")) if alone else None
+            before = await self._counters() if alone else None
             one_token = dataclasses.replace(request.sampling, max_tokens=1)
             try:
                 prefilled = await self.prefill.answer(
@@ -151,19 +180,26 @@ class DisaggregatedEngine(RoundRobinEngine):
             with self._count_lock:
                 self._in_flight -= 1
 
+    async def _counters(self) -> DecodeCounters | None:
+        return DecodeCounters.parse(await self.decode.fetch_text("/metrics"))
+
     async def _handed_off(
         self,
         ev: RequestFinished,
         asked: float,
         prefilled: WholeAnswer,
         params: Any,
-        before: float | None,
+        before: DecodeCounters | None,
         alone: bool,
     ) -> RequestFinished:
         prefill_s = prefilled.answered_at - asked
         handoff_s = None if ev.ttft_s is None else max(0.0, ev.ttft_s - prefill_s)
-        loaded, source = await self._loaded(ev, params, before if alone else None)
+        after = await self._counters_after(before) if alone and before is not None else None
+        loaded, source = self._loaded(ev, params, before, after)
         card = self.decode.card
+        per_token = card.kv_bytes_per_token if card and card.kv_bytes_per_token else None
+        if per_token is None and after is not None and after.kv_bytes_per_token:
+            per_token = round(after.kv_bytes_per_token)
         handoff = HandOff(
             prefill_replica=self.prefill_name,
             decode_replica=self.decode_name,
@@ -173,27 +209,39 @@ class DisaggregatedEngine(RoundRobinEngine):
             loaded_tokens=loaded,
             loaded_source=source,
             block_size=card.block_size or None if card else None,
-            kv_bytes_per_token=card.kv_bytes_per_token or None if card else None,
+            kv_bytes_per_token=per_token,
+            transfer_s=_delta(before, after, lambda c: c.transfer_s),
+            transfer_bytes=_int(_delta(before, after, lambda c: c.transfer_bytes)),
             prefill_server=server_timings(
                 prefilled.data.get("metrics"), prefilled.data.get("usage")
             ),
         )
         return dataclasses.replace(ev, handoff=handoff)
 
-    async def _loaded(
-        self, ev: RequestFinished, params: Any, before: float | None
+    async def _counters_after(self, before: DecodeCounters) -> DecodeCounters | None:
+        """The decode server's counters once they have counted this request's KV (or the
+        grace ran out: it took none)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COUNTER_GRACE_S
+        while True:
+            after = await self._counters()
+            if after is None or after.external_tokens is None or before.external_tokens is None:
+                return after
+            if after.external_tokens > before.external_tokens or loop.time() >= deadline:
+                return after
+            await asyncio.sleep(0.05)
+
+    def _loaded(
+        self,
+        ev: RequestFinished,
+        params: Any,
+        before: DecodeCounters | None,
+        after: DecodeCounters | None,
     ) -> tuple[int | None, str]:
         """The prompt tokens the decode server did not compute, and what that rests on."""
-        if before is not None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + COUNTER_GRACE_S
-            while True:
-                after = external_tokens(await self.decode.fetch_text("/metrics"))
-                if after is None:
-                    break
-                if after > before or loop.time() >= deadline:
-                    return round(after - before), f"{self.decode_name}'s KV-connector counter"
-                await asyncio.sleep(0.05)
+        counted = _delta(before, after, lambda c: c.external_tokens)
+        if counted is not None:
+            return round(counted), f"{self.decode_name}'s KV-connector counter"
         if isinstance(params, dict) and "remote_prefill_cached_tokens" in params:
             return None, (
                 f"not known: {self.decode_name}'s cached_tokens are then the prefill's own "
@@ -204,3 +252,19 @@ class DisaggregatedEngine(RoundRobinEngine):
         return ev.cached_prompt_tokens, (
             f"{self.decode_name}'s cached_tokens (its own prefix cache's hits too)"
         )
+
+
+def _delta(
+    before: DecodeCounters | None,
+    after: DecodeCounters | None,
+    field: Callable[[DecodeCounters], float | None],
+) -> float | None:
+    """How far one counter moved, None where either reading lacks it."""
+    if before is None or after is None:
+        return None
+    a, b = field(after), field(before)
+    return None if a is None or b is None else max(0.0, a - b)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else round(value)
