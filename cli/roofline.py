@@ -7,6 +7,7 @@ is shared with other subcommands that take comma lists.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,9 @@ from roofline.hardware import known_gpus, known_models, load_geometry, load_prof
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
+
+    from roofline.point_perf import PointRoofline, PointRoofs
 
 DEFAULT_GPU = "l4"
 DEFAULT_MODEL = "qwen2.5-7b-instruct"
@@ -121,6 +125,12 @@ def add_roofline_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead")
     parser.add_argument(
+        "--plot",
+        metavar="FILE.json",
+        help="draw a saved `kvscope bench --json` result's points under the roofs it was "
+        "measured against (each point's prefill and decode steps apart), and their table",
+    )
+    parser.add_argument(
         "--recalibrate",
         action="store_true",
         help="with --gpu cpu: measure again instead of using the cached calibration",
@@ -147,6 +157,8 @@ def build_report(args: argparse.Namespace) -> RooflineReport:
 def run_roofline(args: argparse.Namespace) -> int:
     """Print the report (a table, or JSON with --json). 0 on success; 2 with one
     `kvscope: ...` line on stderr for a bad option."""
+    if getattr(args, "plot", None):
+        return run_plot(str(args.plot))
     try:
         batches = _batches(getattr(args, "batch", None))
         report = build_report(args)
@@ -296,3 +308,151 @@ def render_report(report: RooflineReport) -> None:
         "output. 'at once' = requests of prompt + output tokens whose KV fits in the pool.",
         style="dim",
     )
+
+
+# -- roofline --plot: a saved bench's points under its roofs ---------------------------------
+
+PLOT_MARKS = {"prefill": "■", "decode": "●", "point": "◆"}
+"""Each kind its own glyph, as on the live panel, so they read apart without colour."""
+ABOVE_MARK = "!"
+
+
+def saved_rooflines(
+    path: str,
+) -> tuple[list[tuple[str, PointRoofline | None]], PointRoofs | str | None]:
+    """A saved bench result's points (label, roofline figures) and its roofs; raises
+    KvscopeError in one sentence naming the file for a file that is not one, or holds no
+    point with counts."""
+    from pathlib import Path
+
+    from bench.sweep_files import SavedLoad, SweepFileError, load_saved
+
+    saved = load_saved(Path(path))
+    rows: list[tuple[str, PointRoofline | None]] = []
+    roofs: PointRoofs | str | None = None
+    if isinstance(saved, SavedLoad):
+        rows = [(p.label, p.roofline) for p in saved.result.points if p.ok or p.completed]
+        roofs = saved.result.roofs
+    else:
+        for s in saved:
+            head = f"{s.label}: " if s.label else ""
+            rows += [
+                (f"{head}{p.prompt_len:,} tokens", p.roofline) for p in s.result.points if p.ok
+            ]
+            roofs = roofs if roofs is not None else s.result.roofs
+    known = [r for _, r in rows if r is not None]
+    if not known:
+        raise SweepFileError(
+            path,
+            "its points carry no roofline figures (a bench result written before kvscope "
+            "counted them): measure again with `kvscope bench --json FILE`",
+        )
+    if all(r.whole is None for r in known):
+        raise SweepFileError(path, f"no point has FLOP and byte counts: {known[0].missing}")
+    return rows, roofs
+
+
+def roofline_plot(
+    rows: Sequence[tuple[str, PointRoofline | None]],
+    roofs: PointRoofs | None,
+    width: int = 100,
+    height: int = 24,
+) -> str:
+    """The points on log-log axes (FLOP/byte, FLOP/s) under the two roofs and the ridge,
+    as plain text: in-process points as their prefill and decode parts, attached ones
+    whole; one above its roof drawn as "!"."""
+    import re
+
+    import plotext as plt
+
+    from roofline.point_perf import roof_share
+    from tui.roofline_figure import si
+
+    # Drawn in log10 units with decade ticks of our own: plotext's log scale overflows on
+    # FLOP counts (10^12 and up).
+    marks: dict[str, tuple[list[float], list[float]]] = {}
+    for _, r in rows:
+        if r is None or r.whole is None:
+            continue
+        for kind, perf in r.by_kind or (("point", r.whole),):
+            x = perf.intensity
+            if x is None or x <= 0 or perf.flops_per_s <= 0:
+                continue
+            share = roof_share(perf, roofs) if roofs is not None else None
+            key: str = "above a roof" if share is not None and share.above else kind
+            xs, ys = marks.setdefault(key, ([], []))
+            xs.append(math.log10(x))
+            ys.append(math.log10(perf.flops_per_s))
+    all_x = [x for xs, _ in marks.values() for x in xs]
+    all_y = [y for _, ys in marks.values() for y in ys]
+    if not all_x:
+        return ""
+    x_lo, x_hi = min(all_x) - 0.3, max(all_x) + 0.3
+    y_lo, y_hi = min(all_y) - 0.3, max(all_y) + 0.3
+    plt.clf()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    if roofs is not None:
+        ridge, peak, bw = (math.log10(v) for v in (roofs.ridge, roofs.peak_flops, roofs.bandwidth))
+        x_lo, x_hi = min(x_lo, ridge - 0.6), max(x_hi, ridge + 0.6)
+        y_hi = max(y_hi, peak + 0.3)
+        # The slope from where it enters the plot to the ridge, then the flat roof.
+        start = max(x_lo, y_lo - bw)
+        plt.plot(
+            [start, ridge, x_hi],
+            [start + bw, peak, peak],
+            marker="braille",
+            label=f"roofs: {roofs.name}",
+        )
+        plt.vline(ridge)
+        plt.text("ridge", ridge, peak + 0.15)
+    for key, (xs, ys) in marks.items():
+        plt.scatter(xs, ys, marker=PLOT_MARKS.get(key, ABOVE_MARK), label=key)
+    x_lo, x_hi, y_lo, y_hi = math.floor(x_lo), math.ceil(x_hi), math.floor(y_lo), math.ceil(y_hi)
+    plt.xlim(x_lo, x_hi)
+    plt.ylim(y_lo, y_hi)
+    xt = list(range(x_lo, x_hi + 1))
+    yt = list(range(y_lo, y_hi + 1))
+    plt.xticks(xt, [si(10.0**k) for k in xt])
+    plt.yticks(yt, [si(10.0**k) for k in yt])
+    plt.xlabel("FLOP/byte (arithmetic intensity), log")
+    plt.ylabel("FLOP/s, log")
+    title = "Roofline: each bench point under the roofs"
+    if roofs is not None:
+        title += f" · ridge {roofs.ridge:,.1f} FLOP/byte"
+    plt.title(title)
+    # Plain text: it goes to files and pipes as often as to terminals.
+    return re.sub(r"\x1b\[[0-9;]*m", "", plt.build())
+
+
+def run_plot(path: str) -> int:
+    """`roofline --plot FILE`: the plot and the table of figures; 2 with one `kvscope:`
+    line on stderr for a file that cannot be drawn."""
+    from rich.console import Console
+
+    from cli.sweep_table import render_roofline
+    from roofline.point_perf import PointRoofs
+
+    try:
+        rows, roofs = saved_rooflines(path)
+    except KvscopeError as exc:
+        print(f"kvscope: {exc.plain()}", file=sys.stderr)
+        return 2
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    known = roofs if isinstance(roofs, PointRoofs) else None
+    try:
+        plot = roofline_plot(rows, known, width=min(console.width, 120))
+    except Exception as exc:  # plotext on a terminal it cannot draw on: the table still says it
+        plot = ""
+        print(f"kvscope: no plot ({exc}); the figures follow as a table", file=sys.stderr)
+    if plot:
+        console.file.write(plot + "\n")
+        if known is not None:
+            console.print(
+                f"Roofs: {known.name}: the slope is {_si(known.bandwidth, 'B/s')} "
+                f"(memory-bound left of the ridge), the flat roof "
+                f"{_si(known.peak_flops, 'FLOP/s')} (compute-bound right of it); they meet "
+                f"at the ridge, {known.ridge:,.1f} FLOP/byte."
+            )
+    render_roofline(rows, roofs, console)
+    return 0
