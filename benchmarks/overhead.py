@@ -12,6 +12,12 @@ busy the host was during each round.
 
     .venv/bin/python benchmarks/overhead.py [--rounds 3] [--case decode|prefill|both]
     .venv/bin/python benchmarks/overhead.py --scale    # 256 requests x 256 blocks, no engine
+    .venv/bin/python benchmarks/overhead.py --mfu      # vLLM's FLOP/byte count on vs off
+
+--mfu (issue 32): kvscope turns on vLLM's `--enable-mfu-metrics` by default, so each step
+also runs `ModelMetrics.get_step_perf_stats_per_gpu` in the scheduler. The same warm engine
+runs the decode case with the scheduler's `perf_metrics` set and unset, in alternating
+rounds, and times the count itself inside each step.
 """
 
 from __future__ import annotations
@@ -207,6 +213,63 @@ def run_case(engine: Any, case: Case, rounds: int) -> None:
     )
 
 
+def run_mfu(engine: Any, case: Case, rounds: int) -> None:
+    """kvscope's decode case with vLLM's per-step FLOP/byte count on and off, alternating."""
+    prompts = [engine.synthetic_prompt(case.prompt_len, seed=1000 + i) for i in range(case.prompts)]
+    asyncio.run(kvscope_round(engine, prompts[:1], Case(case.name, 1, case.prompt_len, 8, False)))
+    counted = StepCost()
+
+    def install(llm: Any) -> Any:
+        metrics = engine._introspector.scheduler.perf_metrics
+        if metrics is None:
+            raise SystemExit("this engine was started without --enable-mfu-metrics")
+        inner = metrics.get_step_perf_stats_per_gpu
+
+        def timed(scheduler_output: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(scheduler_output)
+            finally:
+                counted.step_s += time.perf_counter() - t
+                counted.steps += 1
+
+        metrics.get_step_perf_stats_per_gpu = timed
+        return metrics
+
+    metrics = on_step_thread(engine, install)
+
+    def switch(on: bool) -> None:
+        def set_it(llm: Any) -> None:
+            engine._introspector.scheduler.perf_metrics = metrics if on else None
+
+        on_step_thread(engine, set_it)
+
+    print(f"\nmfu count: {case.prompts} x {case.prompt_len}-token prompts -> {case.output_len}")
+    print(f"{'round':>5}  {'off tok/s':>10}  {'on tok/s':>10}  {'on/off':>6}  host (off | on)")
+    ratios = []
+    for r in range(rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        rates: dict[bool, float] = {}
+        notes: dict[bool, str] = {}
+        for on in order:
+            switch(on)
+            load = HostLoad().start()
+            elapsed, tokens = asyncio.run(kvscope_round(engine, prompts, case))
+            rates[on] = tokens / elapsed
+            notes[on] = load.note()
+        switch(True)
+        ratios.append(rates[True] / rates[False])
+        print(
+            f"{r + 1:>5}  {rates[False]:>10.1f}  {rates[True]:>10.1f}  {ratios[-1]:>6.3f}  "
+            f"{notes[False]} | {notes[True]}"
+        )
+    print(f"median throughput ratio (count on / off): {statistics.median(ratios):.3f}")
+    print(
+        f"the count itself: {counted.step_s / max(counted.steps, 1) * 1e6:.1f} µs a step, "
+        f"over {counted.steps} steps"
+    )
+
+
 def run_scale(requests: int, blocks_each: int, steps: int) -> None:
     full = _scale(requests, blocks_each, steps, incremental=False)
     inc = _scale(requests, blocks_each, steps, incremental=True)
@@ -287,6 +350,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--case", choices=("decode", "prefill", "both"), default="both")
     p.add_argument("--scale", action="store_true", help="only the GPU-scale bookkeeping check")
+    p.add_argument("--mfu", action="store_true", help="vLLM's FLOP/byte count on vs off (decode)")
     args = p.parse_args()
     print(f"kvscope overhead benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores")
     if args.scale:
@@ -298,6 +362,9 @@ def main() -> int:
     engine = VllmEngine(argv=ARGV)
     engine.start()
     try:
+        if args.mfu:
+            run_mfu(engine, CASES["decode"], args.rounds)
+            return 0
         for name in ("decode", "prefill") if args.case == "both" else (args.case,):
             run_case(engine, CASES[name], args.rounds)
     finally:

@@ -183,7 +183,9 @@ def vllm_server() -> Iterator[VllmServer]:
     shared by the remote-engine tests and the engine contract tests."""
     from remote_server import VllmServer
 
-    server = VllmServer().start()
+    # With vLLM's FLOP and byte counters, as `vllm serve --enable-mfu-metrics` exports them:
+    # attached bench points get their roofline figures from them (test_remote_engine).
+    server = VllmServer(mfu_metrics=True).start()
     print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
     yield server
     server.stop()

@@ -63,7 +63,9 @@ class ServerPorts:
     kv_replay: int = field(default_factory=free_port)
 
 
-def server_argv(ports: ServerPorts, *, api_key: str | None = API_KEY) -> list[str]:
+def server_argv(
+    ports: ServerPorts, *, api_key: str | None = API_KEY, mfu_metrics: bool = False
+) -> list[str]:
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -98,6 +100,8 @@ def server_argv(ports: ServerPorts, *, api_key: str | None = API_KEY) -> list[st
     ]
     if api_key:
         argv += ["--api-key", api_key]
+    if mfu_metrics:  # vLLM's FLOP and byte counters (vllm:estimated_*_per_gpu_total)
+        argv.append("--enable-mfu-metrics")
     from engine.nvml import gpu_devices
     from engine.vllm.options import embedded_gpu_utilization
 
@@ -124,9 +128,16 @@ class VllmServer:
     once launches them all, then waits for each (tests/real_fleet.py).
     """
 
-    def __init__(self, ports: ServerPorts | None = None, *, api_key: str | None = API_KEY):
+    def __init__(
+        self,
+        ports: ServerPorts | None = None,
+        *,
+        api_key: str | None = API_KEY,
+        mfu_metrics: bool = False,
+    ):
         self.ports = ports or ServerPorts()
         self.api_key = api_key
+        self.mfu_metrics = mfu_metrics
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.mkstemp(prefix="kvscope-vllm-server-", suffix=".log")[1])
         self.start_seconds: float | None = None
@@ -138,7 +149,7 @@ class VllmServer:
 
     @property
     def argv(self) -> list[str]:
-        return server_argv(self.ports, api_key=self.api_key)
+        return server_argv(self.ports, api_key=self.api_key, mfu_metrics=self.mfu_metrics)
 
     def env(self) -> dict[str, str]:
         """The server's environment: this one's, with vLLM's logs at INFO."""

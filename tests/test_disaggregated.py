@@ -203,6 +203,31 @@ def test_generate_with_prefill_and_decode_prints_the_handoff_in_its_json(pair: R
     assert sum(handoff["ttft_parts_s"].values()) == pytest.approx(record["ttft_s"], rel=1e-6)
 
 
+def test_bench_on_a_server_without_flop_counters_says_which_flag_gives_them(
+    pair: RealPair, tmp_path: Path
+) -> None:
+    """The pair's servers run without --enable-mfu-metrics (the session's shared server has
+    it: test_remote_engine): an attached bench point then has no roofline figures, never
+    zeros, and says which flag gives them."""
+    import os
+
+    from engine.remote.vllm_metrics import MFU_FLAG
+
+    out = tmp_path / "bench.json"
+    run = run_kvscope(
+        "bench", "--url", pair.decode.url, "--prompt-lens", "16", "--runs", "1",
+        "--output-len", "2", "--kv-events", "off", "--json", str(out),
+        env=dict(os.environ), timeout=HANG_GUARD_S,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["ok"], point
+    roof = point["roofline"]
+    assert MFU_FLAG in roof["missing"] and "flops" not in roof, roof
+    assert MFU_FLAG in run.stdout + run.stderr  # said on screen too, not only in the file
+
+
 async def test_a_prefill_server_gone_is_said_and_nothing_reaches_the_decode_server(
     pd: FleetEngine, pair: RealPair
 ) -> None:

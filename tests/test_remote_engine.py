@@ -436,6 +436,18 @@ def test_generate_and_bench_attach_with_url(vllm_server: VllmServer, tmp_path: P
     assert all(p["ok"] for p in points)
     assert points[1]["mean_ttft_ms"] > points[0]["mean_ttft_ms"]
     assert all(r["server"] is not None for p in points for r in p["requests"])
+    # The server runs with --enable-mfu-metrics: each point is on the roofline, from its
+    # counters' deltas over the scrape windows it ran in (no share: no --hardware).
+    for p in points:
+        roof = p["roofline"]
+        assert roof.get("missing") is None, roof
+        assert roof["source"] == "vllm counters" and roof["unit"] == "scrape windows", roof
+        assert 0 < roof["counted"] <= roof["of"], roof
+        assert roof["flops"] > 0 and roof["read_bytes"] > 0, roof
+        assert roof["flops_per_s"] == pytest.approx(roof["flops"] / roof["seconds"])
+        assert roof["intensity_flops_per_byte"] == pytest.approx(
+            roof["flops"] / (roof["read_bytes"] + roof["write_bytes"])
+        )
     refused = subprocess.run(
         [kvscope, "generate", "--url", vllm_server.url, "--max-model-len", "512"],
         capture_output=True,
