@@ -105,9 +105,19 @@ class PointInFlight:
         self.watch = SaturationWatch() if checked else None
         self.planned: int | None = None
         self.duration_s: float | None = None
+        self.ended_s: float | None = None  # set by `end()`, once the last reply is in
 
     def elapsed(self) -> float:
         return self.clock.now() - self.start
+
+    def end(self) -> None:
+        """The point's load is over: what comes after (the last scrape windows) is not
+        part of its duration, as `vllm bench serve` stops its clock when its requests end."""
+        self.ended_s = self.elapsed()
+
+    def length(self) -> float:
+        """From the first send to `end()` (to now, before it)."""
+        return self.ended_s if self.ended_s is not None else self.elapsed()
 
     async def send(self, s: SentRequest) -> None:
         s.sent_s = self.clock.now() - self.start

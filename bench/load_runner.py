@@ -308,7 +308,8 @@ class LoadRunner:
                 point = PointInFlight(self.engine, self.clock, level.rate, tick)
                 point.planned, point.duration_s = count, c.duration_s
                 await closed_loop(point, users, ready, count, maker, c.duration_s)
-            await taps.last_window()
+            point.end()
+            await taps.last_window()  # up to 2 s attached: after the point's clock stops
         finally:
             taps.detach()
         return self._summarize(level, point, taps)
@@ -333,7 +334,7 @@ class LoadRunner:
         # Every request in the order sent, failed ones too: a failure is a result.
         records = tuple(_record(s) for s in p.sent if _kept(s))
         causes = Counter(s.cause or "refused" for s in failed)
-        duration = max([p.elapsed(), *ends]) if p.stop_reason is None else p.elapsed()
+        duration = max([p.length(), *ends]) if p.stop_reason is None else p.length()
         if not fins:
             why = failed[0].error if failed else (p.stop_reason or "no request completed")
             failed_point = _failed(level, why or "no request completed", aborted=aborted)
