@@ -15,6 +15,7 @@ process RSS (and Python's own allocations, via tracemalloc's counters) at 5 s an
     python benchmarks/ui_lag.py --profile /tmp/ui.prof --seconds 10   # cProfile the stream
     python benchmarks/ui_lag.py --long     # 200 replies, 100,000 tokens: memory over a session
     python benchmarks/ui_lag.py --gpu-scale   # 256 copies of 4,096 tokens, 100,000 blocks
+    python benchmarks/ui_lag.py --gpu-scale --roofline   # with the roofline panel (F8) on
 
 Targets: p99 lag < 16 ms (one frame at 60 fps) at about 2,000 tokens/s, memory flat (RSS
 growth from 5 s to the end < 20 MiB: ring buffers are bounded; what grows is the
@@ -34,7 +35,9 @@ cost).
 The GPU-scale mode is the block map's worst case: a pool of 100,000 blocks drawn at
 "1 char = N blocks", 256 requests of a 4,096-token prompt each holding 256+ blocks, a
 decode step of 25 ms (an H200's, for a 7B model at that batch), so 10,000 tokens/s reach
-the UI. Its figure is the same p99 lag, against the same target.
+the UI. Its figure is the same p99 lag, against the same target. `--roofline` turns the
+roofline panel on first (F8, as a user does), so every step is also a point under the roofs
+(the fake's steps carry FLOP and byte counts from its analytic model).
 
 The screen is 160x48, the three-column layout: the largest area to repaint. Every run
 prints how busy the (shared) host was meanwhile: compare rounds only at similar load.
@@ -116,6 +119,7 @@ async def run(
     profile: str | None = None,
     prompt_tokens: int = 0,
     pool_blocks: int = 0,
+    roofline: bool = False,
 ) -> int:
     tokens_per_request = int(seconds / step_s * 1.5) + 100  # outlasts the run
     context = prompt_tokens + tokens_per_request + 256
@@ -140,6 +144,10 @@ async def run(
         main.controls.query_one("#max-tokens").value = str(tokens_per_request)  # type: ignore[attr-defined]
         if prompt_tokens:
             main.controls.slider.value = prompt_tokens
+        if roofline:
+            await pilot.press("f8")
+            while not main.engine_panel.show_roofline:
+                await pilot.pause(0.05)
         await pilot.pause(0.2)
         gc.collect()
         host = HostLoad().start()
@@ -184,6 +192,7 @@ async def run(
     print(
         f"kvscope UI lag benchmark: {copies} copies, decode step {step_s * 1000:.1f} ms, "
         f"{seconds:.0f} s, {gc_note}{', under cProfile' if profiler else ''}"
+        f"{', roofline panel on' if roofline else ''}"
     )
     if prompt_tokens:
         print(
@@ -329,6 +338,9 @@ def main() -> int:
         action="store_true",
         help="256 copies of a 4,096-token prompt, a 100,000-block pool, a 25 ms step",
     )
+    parser.add_argument(
+        "--roofline", action="store_true", help="turn the roofline panel (F8) on first"
+    )
     parser.add_argument("--replies", type=int, default=200, help="--long: how many replies")
     parser.add_argument("--tokens", type=int, default=500, help="--long: tokens per reply")
     args = parser.parse_args()
@@ -339,9 +351,12 @@ def main() -> int:
         return asyncio.run(run_long(args.replies, args.tokens, step, manage_gc))
     if args.gpu_scale:
         step = (args.step_ms if args.step_ms is not None else 25.0) / 1000.0
-        return asyncio.run(run(args.seconds, 256, step, manage_gc, args.profile, 4096, 100_000))
+        return asyncio.run(
+            run(args.seconds, 256, step, manage_gc, args.profile, 4096, 100_000, args.roofline)
+        )
     step = (args.step_ms if args.step_ms is not None else 6.0) / 1000.0
-    return asyncio.run(run(args.seconds, args.copies, step, manage_gc, profile=args.profile))
+    lag = run(args.seconds, args.copies, step, manage_gc, args.profile, roofline=args.roofline)
+    return asyncio.run(lag)
 
 
 if __name__ == "__main__":
