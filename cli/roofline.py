@@ -7,7 +7,6 @@ is shared with other subcommands that take comma lists.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +18,9 @@ from roofline.hardware import known_gpus, known_models, load_geometry, load_prof
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
 
-    from roofline.point_perf import PointRoofline, PointRoofs
+    from roofline.point_perf import PointRoofs
+    from tui.bench_roofline_plot import RooflineRow
 
 DEFAULT_GPU = "l4"
 DEFAULT_MODEL = "qwen2.5-7b-instruct"
@@ -312,117 +311,23 @@ def render_report(report: RooflineReport) -> None:
 
 # -- roofline --plot: a saved bench's points under its roofs ---------------------------------
 
-PLOT_MARKS = {"prefill": "■", "decode": "●", "point": "◆"}
-"""Each kind its own glyph, as on the live panel, so they read apart without colour."""
-ABOVE_MARK = "!"
-
 
 def saved_rooflines(
     path: str,
-) -> tuple[list[tuple[str, PointRoofline | None]], PointRoofs | str | None]:
+) -> tuple[list[RooflineRow], PointRoofs | str | None]:
     """A saved bench result's points (label, roofline figures) and its roofs; raises
     KvscopeError in one sentence naming the file for a file that is not one, or holds no
     point with counts."""
     from pathlib import Path
 
-    from bench.sweep_files import SavedLoad, SweepFileError, load_saved
+    from bench.sweep_files import SweepFileError, load_saved
+    from tui.bench_roofline_plot import saved_rows, undrawable
 
-    saved = load_saved(Path(path))
-    rows: list[tuple[str, PointRoofline | None]] = []
-    roofs: PointRoofs | str | None = None
-    if isinstance(saved, SavedLoad):
-        rows = [(p.label, p.roofline) for p in saved.result.points if p.ok or p.completed]
-        roofs = saved.result.roofs
-    else:
-        for s in saved:
-            head = f"{s.label}: " if s.label else ""
-            rows += [
-                (f"{head}{p.prompt_len:,} tokens", p.roofline) for p in s.result.points if p.ok
-            ]
-            roofs = roofs if roofs is not None else s.result.roofs
-    known = [r for _, r in rows if r is not None]
-    if not known:
-        raise SweepFileError(
-            path,
-            "its points carry no roofline figures (a bench result written before kvscope "
-            "counted them): measure again with `kvscope bench --json FILE`",
-        )
-    if all(r.whole is None for r in known):
-        raise SweepFileError(path, f"no point has FLOP and byte counts: {known[0].missing}")
+    rows, roofs = saved_rows(load_saved(Path(path)))
+    why = undrawable(rows)
+    if why is not None:
+        raise SweepFileError(path, why)
     return rows, roofs
-
-
-def roofline_plot(
-    rows: Sequence[tuple[str, PointRoofline | None]],
-    roofs: PointRoofs | None,
-    width: int = 100,
-    height: int = 24,
-) -> str:
-    """The points on log-log axes (FLOP/byte, FLOP/s) under the two roofs and the ridge,
-    as plain text: in-process points as their prefill and decode parts, attached ones
-    whole; one above its roof drawn as "!"."""
-    import re
-
-    import plotext as plt
-
-    from roofline.point_perf import roof_share
-    from tui.roofline_figure import si
-
-    # Drawn in log10 units with decade ticks of our own: plotext's log scale overflows on
-    # FLOP counts (10^12 and up).
-    marks: dict[str, tuple[list[float], list[float]]] = {}
-    for _, r in rows:
-        if r is None or r.whole is None:
-            continue
-        for kind, perf in r.by_kind or (("point", r.whole),):
-            x = perf.intensity
-            if x is None or x <= 0 or perf.flops_per_s <= 0:
-                continue
-            share = roof_share(perf, roofs) if roofs is not None else None
-            key: str = "above a roof" if share is not None and share.above else kind
-            xs, ys = marks.setdefault(key, ([], []))
-            xs.append(math.log10(x))
-            ys.append(math.log10(perf.flops_per_s))
-    all_x = [x for xs, _ in marks.values() for x in xs]
-    all_y = [y for _, ys in marks.values() for y in ys]
-    if not all_x:
-        return ""
-    x_lo, x_hi = min(all_x) - 0.3, max(all_x) + 0.3
-    y_lo, y_hi = min(all_y) - 0.3, max(all_y) + 0.3
-    plt.clf()
-    plt.plotsize(width, height)
-    plt.theme("clear")
-    if roofs is not None:
-        ridge, peak, bw = (math.log10(v) for v in (roofs.ridge, roofs.peak_flops, roofs.bandwidth))
-        x_lo, x_hi = min(x_lo, ridge - 0.6), max(x_hi, ridge + 0.6)
-        y_hi = max(y_hi, peak + 0.3)
-        # The slope from where it enters the plot to the ridge, then the flat roof.
-        start = max(x_lo, y_lo - bw)
-        plt.plot(
-            [start, ridge, x_hi],
-            [start + bw, peak, peak],
-            marker="braille",
-            label=f"roofs: {roofs.name}",
-        )
-        plt.vline(ridge)
-        plt.text("ridge", ridge, peak + 0.15)
-    for key, (xs, ys) in marks.items():
-        plt.scatter(xs, ys, marker=PLOT_MARKS.get(key, ABOVE_MARK), label=key)
-    x_lo, x_hi, y_lo, y_hi = math.floor(x_lo), math.ceil(x_hi), math.floor(y_lo), math.ceil(y_hi)
-    plt.xlim(x_lo, x_hi)
-    plt.ylim(y_lo, y_hi)
-    xt = list(range(x_lo, x_hi + 1))
-    yt = list(range(y_lo, y_hi + 1))
-    plt.xticks(xt, [si(10.0**k) for k in xt])
-    plt.yticks(yt, [si(10.0**k) for k in yt])
-    plt.xlabel("FLOP/byte (arithmetic intensity), log")
-    plt.ylabel("FLOP/s, log")
-    title = "Roofline: each bench point under the roofs"
-    if roofs is not None:
-        title += f" · ridge {roofs.ridge:,.1f} FLOP/byte"
-    plt.title(title)
-    # Plain text: it goes to files and pipes as often as to terminals.
-    return re.sub(r"\x1b\[[0-9;]*m", "", plt.build())
 
 
 def run_plot(path: str) -> int:
@@ -432,6 +337,7 @@ def run_plot(path: str) -> int:
 
     from cli.sweep_table import render_roofline
     from roofline.point_perf import PointRoofs
+    from tui.bench_roofline_plot import roofline_plot
 
     try:
         rows, roofs = saved_rooflines(path)

@@ -1,5 +1,6 @@
 """SweepScreen: a prompt-length sweep or a load sweep (F4 switches), plotted as its points
-arrive, exported as JSON/CSV, and compared with a saved one (F9).
+arrive, exported as JSON/CSV, and compared with a saved one (F9); F3 draws the points
+under the machine's roofs instead of the usual plots.
 
 The screen holds its composition, its keys, the mode, what both modes share (F6 and the
 run's worker, the progress bar, the status line) and the prompt-length mode. The load
@@ -28,7 +29,10 @@ from bench.sweep_files import SavedLoad
 from bench.sweep_result import SweepConfig, SweepPoint, SweepResult
 from engine.errors import KvscopeError
 from engine.stats import percentile
+from roofline.point_perf import PointRoofs
 from tui import format as fmt
+from tui.bench_roofline_plot import load_rows, roofline_plot, saved_rows, sweep_rows, undrawable
+from tui.roofline_figure import machine_roofs
 from tui.sweep import files
 from tui.sweep.load_pane import LoadPane
 from tui.sweep.load_results import LoadSweepResults
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from bench.sweep_files import SavedSweep
     from engine.events import RequestFinished
     from engine.protocol import Engine
+    from tui.bench_roofline_plot import RooflineRow
     from tui.plotting import PlotRenderer
     from tui.sweep.overlay import LoadOverlay
     from tui.telemetry.host_watch import HostWatch
@@ -82,6 +87,7 @@ class SweepScreen(Screen[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),
+        Binding("f3", "toggle_roofline", "Roofline", tooltip="Roofline plot on/off"),
         Binding("f4", "toggle_mode", "Length / load"),
         Binding("f6", "run", "Run / stop"),
         Binding("f7", "export('json')", "Export JSON"),
@@ -93,6 +99,8 @@ class SweepScreen(Screen[None]):
     """A sweep is in progress."""
     mode: reactive[SweepMode] = reactive[SweepMode]("length")
     """Which sweep the form, the plots and the exports are about (F4 switches)."""
+    show_roofline: reactive[bool] = reactive(False)
+    """The roofline view (F3): the mode's points under the roofs, in place of its plots."""
 
     @dataclass
     class PointMeasured(Message):
@@ -137,6 +145,11 @@ class SweepScreen(Screen[None]):
         self._host_checked = -1.0
         # The load mode: its pane in the form column, its results in the results column.
         self.load_pane = LoadPane(LoadSweepResults(id="load-sweep-results", classes="load-only"))
+        self._saved_last: dict[SweepMode, bool] = {"length": False, "load": False}
+        """Per mode: a file was loaded (F9) after the last run began, so the roofline view
+        draws the file's points; a run begun after it draws its own again."""
+        self._roofs: PointRoofs | str | None = None  # this engine's machine's, once asked
+        self._roofline_drawn: tuple[object, ...] | None = None
 
     @property
     def load_result(self) -> LoadResult | None:
@@ -202,6 +215,9 @@ class SweepScreen(Screen[None]):
                     )
                 yield Button("Load JSON (F9)", id="load", compact=True)
             with Vertical(id="sweep-results"):
+                with Vertical(classes="box", id="sweep-roofline-box") as box:
+                    box.border_title = "Roofline · FLOP/s against FLOP/byte (F3: the usual plots)"
+                    yield Static("", id="sweep-roofline")
                 yield self.load_pane.results
                 with Vertical(classes="box length-only", id="sweep-ttft-box") as box:
                     box.border_title = "TTFT vs prompt tokens"
@@ -283,6 +299,7 @@ class SweepScreen(Screen[None]):
             self._status(words, error=True)
             return
         self.config = config
+        self._saved_last["length"] = False
         self.points = []
         self.runs = []
         self._unit_times = []
@@ -348,6 +365,7 @@ class SweepScreen(Screen[None]):
         except ValueError as exc:
             self._status(str(exc), error=True)
             return
+        self._saved_last["load"] = False
         self.query_one(ProgressBar).update(total=1000, progress=0)
         self.running = True
         self._status("Running…")
@@ -508,6 +526,9 @@ class SweepScreen(Screen[None]):
 
     async def _redraw(self) -> None:
         self._show_host()
+        if self.show_roofline:
+            self._redraw_roofline()
+            return
         if self.mode == "load":
             await self.load_pane.redraw(self.renderer, self._version)
             return
@@ -525,6 +546,101 @@ class SweepScreen(Screen[None]):
         for (plot, job), ansi in zip(jobs, drawn, strict=True):
             if plot.is_mounted:
                 plot.apply(job, ansi)
+
+    # -- the roofline view (F3) -------------------------------------------------------------
+    def action_toggle_roofline(self) -> None:
+        self.show_roofline = not self.show_roofline
+
+    def watch_show_roofline(self, shown: bool) -> None:
+        self.set_class(shown, "-roofline")
+        self._roofline_drawn = None  # drawn afresh at the next tick
+
+    def roofline_view(self) -> tuple[str, list[RooflineRow], PointRoofs | str | None]:
+        """What the roofline view draws in this mode: whose points (in words), their rows,
+        and the roofs. The live run's, or the file loaded for this mode (F9) when it came
+        after the run began or there is no live point."""
+        path: Path | None = None
+        saved: SavedLoad | tuple[SavedSweep, ...] | None = None
+        if self.mode == "load":
+            result = self.load_result
+            live = load_rows(result.points) if result is not None else []
+            live_roofs = result.roofs if result is not None else None
+            if (load_overlay := self.load_overlay) is not None:
+                path, saved = load_overlay.path, load_overlay.saved
+        else:
+            live, live_roofs = sweep_rows(self.points), None
+            if (overlay := self.overlay) is not None:
+                path, saved = overlay.path, overlay.sweeps
+        if path is not None and saved is not None and (self._saved_last[self.mode] or not live):
+            rows, roofs = saved_rows(saved)
+            return f"the points of {path.name}", rows, roofs
+        if not isinstance(live_roofs, PointRoofs):
+            live_roofs = self._machine_roofs()
+        return f"this {MODE_WORDS[self.mode]}", live, live_roofs
+
+    def _machine_roofs(self) -> PointRoofs | str:
+        # Asked once: on a GPU it asks NVML for the device's name.
+        if self._roofs is None:
+            card = self.engine.card
+            if card is None:
+                return "the engine has not said what it runs on yet"
+            roofs = machine_roofs(card)
+            self._roofs = (
+                roofs
+                if isinstance(roofs, str)
+                else PointRoofs(roofs.name, roofs.peak_flops, roofs.bandwidth)
+            )
+        return self._roofs
+
+    def roofline_text(self, width: int, height: int) -> str:
+        """The roofline view's words and plot, `width` x `height` cells."""
+        whose, rows, roofs = self.roofline_view()
+        if not rows:
+            return (
+                f"Roofline: no point yet: run a {MODE_WORDS[self.mode]} (F6) or load a saved "
+                "bench JSON (F9)."
+            )
+        why = undrawable(rows)
+        if why is not None:
+            return f"Roofline of {whose}: {why}."
+        lines = [f"Roofline of {whose}: {fmt.count(len(rows), 'point')}"]
+        if isinstance(roofs, str):
+            lines.append(f"no roofs: {roofs}")
+        bare = [(label, r) for label, r in rows if r is None or r.whole is None]
+        if bare:
+            why_bare = bare[0][1].missing if bare[0][1] is not None else "no figures"
+            lines.append(
+                f"no FLOP and byte counts for {', '.join(label for label, _ in bare)}: {why_bare}"
+            )
+        known = roofs if isinstance(roofs, PointRoofs) else None
+        try:
+            plot = roofline_plot(rows, known, width, max(8, height - len(lines)))
+        except Exception as exc:  # plotext refuses some sizes: the words still stand
+            plot = f"(no plot at {width}x{height}: {exc})"
+        return "\n".join([*lines, plot])
+
+    def _redraw_roofline(self) -> None:
+        """Drawn again only when what it shows changed: a point landed, a file was loaded,
+        the mode or the size changed; not at every tick."""
+        view = self.query_one("#sweep-roofline", Static)
+        width, height = view.content_size
+        if width < 20 or height < 4:
+            return  # not laid out yet: the next tick draws it
+        result = self.load_result
+        key = (
+            self.mode,
+            self._version,
+            id(result),
+            len(result.points) if result is not None else 0,
+            id(self.load_overlay),
+            self._saved_last[self.mode],
+            width,
+            height,
+        )
+        if key == self._roofline_drawn:
+            return
+        self._roofline_drawn = key
+        view.update(Text(self.roofline_text(width, height), no_wrap=True, overflow="crop"))
 
     # -- export ----------------------------------------------------------------------------
     def result(self) -> SweepResult | None:
@@ -564,6 +680,7 @@ class SweepScreen(Screen[None]):
         except files.FileTrouble as exc:
             self._status(str(exc), error=True)
             return
+        self._saved_last["load" if isinstance(saved, SavedLoad) else "length"] = True
         if isinstance(saved, SavedLoad):
             words = self.load_pane.compare_with(path, saved)
             hint = "" if self.mode == "load" else " F4 shows it (load sweep)."
