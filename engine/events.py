@@ -172,9 +172,16 @@ class HandOff:
         if self.loaded_tokens is None:
             return f"KV from {p} to {d}: {self.loaded_source}"
         if self.fell_back:
+            # What recomputing cost: the hand-off term then holds the decode server's
+            # whole prefill, the one already paid on the prefill server.
+            cost = (
+                f", {self.handoff_s * 1000:,.0f} ms from {p}'s answer to its first token"
+                if self.handoff_s is not None
+                else ""
+            )
             return (
-                f"{d} found none of {p}'s KV: it computed all {self.prompt_tokens:,} prompt "
-                f"tokens again ({self.loaded_source})"
+                f"{d} found none of {p}'s KV: it fell back to computing all "
+                f"{self.prompt_tokens:,} prompt tokens again{cost} ({self.loaded_source})"
             )
         blocks = self.loaded_blocks
         size = self.loaded_bytes

@@ -180,7 +180,11 @@ async def test_a_decode_server_that_finds_no_kv_says_it_computed_the_prompt_agai
     done = (await _run(pd, "pd-lost", _prompt(3302))).done
     h = done.handoff
     assert h is not None and h.loaded_tokens == 0 and h.fell_back, h
-    assert f"computed all {PROMPT_TOKENS:,} prompt tokens again" in h.words()
+    words = h.words()
+    assert f"fell back to computing all {PROMPT_TOKENS:,} prompt tokens again" in words
+    # Its cost: the hand-off term, which now holds the decode server's whole prefill.
+    assert h.handoff_s is not None
+    assert f"{h.handoff_s * 1000:,.0f} ms from prefill's answer to its first token" in words
 
 
 def test_generate_with_prefill_and_decode_prints_the_handoff_in_its_json(pair: RealPair) -> None:

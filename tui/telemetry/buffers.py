@@ -264,7 +264,13 @@ class Telemetry:
         point = latency_point(event, track, host_busy=self.host.busy_words())
         # The engine's own clock: the e2e time runs from submission to the last token.
         row = self.timeline.row(event.request_id)
-        if row is not None:
+        h = event.handoff
+        if row is not None and h is not None:
+            servers = (h.prefill_replica, h.decode_replica)
+            self.timeline.handed_off(
+                event.request_id, servers, h.prefill_s, event.ttft_s, event.e2e_s
+            )
+        elif row is not None:
             self.timeline.finished(event.request_id, row.submitted + event.e2e_s)
         if event.request_id == self.itl_request:
             self.tracked_finish = event

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
     from engine.events import StepSample
 
-SegmentKind = Literal["queued", "prefill", "decode", "preempted"]
-"""What a request was doing over a stretch of engine time (one colour of the timeline)."""
+SegmentKind = Literal["queued", "prefill", "decode", "preempted", "handoff"]
+"""What a request was doing over a stretch of engine time (one colour of the timeline);
+"handoff" only on a prefill/decode pair's row: its KV moving from one server to the other."""
 
 
 class StepRecord(NamedTuple):
@@ -52,6 +53,7 @@ class TimelineRow:
         "scheduled",
         "seen",
         "segments",
+        "servers",
         "submitted",
     )
 
@@ -64,6 +66,8 @@ class TimelineRow:
         self.seen = False  # a step sample has shown it (the engine has it)
         self.scheduled = False  # some step ran it
         self.preempted = False  # preempted, and not yet decoding again
+        # (prefill server, decode server) of a disaggregated request's row, else None.
+        self.servers: tuple[str, str] | None = None
 
     @property
     def start(self) -> float:
@@ -135,6 +139,33 @@ class Timeline:
             row.book(end, row.segments[-1].kind if row.segments else "queued")
             row.end = row.cursor
             self.version += 1
+
+    def handed_off(
+        self,
+        request_id: str,
+        servers: tuple[str, str],
+        prefill_s: float,
+        ttft_s: float | None,
+        e2e_s: float,
+    ) -> None:
+        """A disaggregated request's row, from its finish (engine/fleet/disaggregated.py):
+        prefill on the first server, the KV's hand-off, decode on the second. Neither is
+        a server that shows its steps, so the client's times draw it."""
+        row = self._by_id.get(request_id)
+        if row is None:
+            return
+        self._live.pop(request_id, None)
+        row.segments.clear()
+        row.cursor = t0 = row.submitted
+        row.servers = servers
+        row.book(t0 + prefill_s, "prefill")
+        if ttft_s is not None:
+            row.book(t0 + ttft_s, "handoff")
+            row.book(t0 + e2e_s, "decode")
+        else:  # no token came from the decode server
+            row.book(t0 + e2e_s, "handoff")
+        row.end = row.cursor
+        self.version += 1
 
     def sample(self, sample: StepSample) -> None:
         if sample.idle:

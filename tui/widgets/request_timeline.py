@@ -4,10 +4,12 @@ The engine panel shows it inside `LatencyBox` (tui/widgets/latency_box.py), in p
 the ITL plot (F6).
 
 Each row is queued (░), prefill chunk (█), decode (━) or preempted (╳) over time, in the
-theme's colours. The ruler on top ticks at every step's start and points (▼) at the token
-with the selected reply's worst ITL. Time runs over a window that fits the visible rows;
-idle stretches between them (the user reading, say) are cut to one column (┊), so a chat
-session with long pauses still shows its steps.
+theme's colours. A prefill/decode pair's row (engine/fleet/disaggregated.py) is prefill on
+P (█), the KV's hand-off (▒) and decode on D (━), from the client's times: the letters P
+and D open the two servers' segments. The ruler on top ticks at every step's start and
+points (▼) at the token with the selected reply's worst ITL. Time runs over a window that
+fits the visible rows; idle stretches between them (the user reading, say) are cut to one
+column (┊), so a chat session with long pauses still shows its steps.
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ GLYPHS: dict[SegmentKind, str] = {
     "prefill": "█",
     "decode": "━",
     "preempted": "╳",
+    "handoff": "▒",
 }
 # When one column covers several kinds, the rarer and costlier one shows: a single
 # prefill chunk or preemption must not vanish into a column of decode steps.
-PRIORITY: dict[SegmentKind, int] = {"decode": 1, "queued": 2, "prefill": 3, "preempted": 4}
+PRIORITY: dict[SegmentKind, int] = {
+    "decode": 1,
+    "queued": 2,
+    "handoff": 3,
+    "prefill": 4,
+    "preempted": 5,
+}
 GAP = "┊"
 RULE = "─"
 TICK = "┬"
@@ -242,9 +251,13 @@ def lay_out(
     def note(words: str) -> TimelineLayout:
         return TimelineLayout((((words, _c("placeholder")),),), "Timeline", (), 0)
 
-    if timeline.per_request is False:
-        return note("a remote server does not show its steps: no timeline")
     all_rows = list(timeline.rows)
+    if timeline.per_request is False:
+        # A remote server shows no steps; a prefill/decode pair's finished requests still
+        # get their rows, from the client's times of each half.
+        all_rows = [r for r in all_rows if r.servers is not None]
+        if not all_rows:
+            return note("a remote server does not show its steps: no timeline")
     if not all_rows:
         return note("each request gets a row here: send a message")
     n = max(1, height - 1)  # the ruler takes the top line
@@ -307,6 +320,8 @@ def lay_out(
                 if rank > best[c]:
                     best[c] = rank
                     cells[c] = (GLYPHS[seg.kind], _c(seg.kind))
+        if row.servers is not None:
+            _mark_servers(row, scale, cells)
         for c in scale.cuts:
             cells[c] = (GAP, _c("gap"))
         mine = row.request_id == tracked
@@ -333,9 +348,28 @@ def lay_out(
         parts.append(f"{per_col:.1f} s/col" if per_col >= 1 else f"{fmt.ms(per_col)}/col")
     if scale.cuts:
         parts.append(f"{GAP} idle")
+    pairs = {r.servers for r in visible if r.servers is not None}
+    if len(pairs) == 1:
+        ((p, d),) = pairs
+        parts.append(f"P={p} {GLYPHS['handoff']}=KV D={d}")
     return TimelineLayout(
         tuple(lines), " · ".join(parts), tuple(r.request_id for r in visible), offset, scale
     )
+
+
+def _mark_servers(row: TimelineRow, scale: TimeScale, cells: list[tuple[str, str]]) -> None:
+    """P at the start of a pair's prefill segment, D at its decode's: which server ran what.
+    Only on a segment two columns wide or more, so the letter never hides the only cell."""
+    for letter, kind in (("P", "prefill"), ("D", "decode")):
+        seg = next((s for s in row.segments if s.kind == kind), None)
+        if seg is None or seg.end < scale.start or seg.start > scale.end:
+            continue
+        c0 = scale.column(seg.start)
+        c1 = scale.column(max(seg.start, seg.end - 1e-9))
+        # Its first column may be the neighbour's (the costlier kind wins a shared one).
+        first = next((c for c in range(c0, c1) if cells[c][1] == cells[c + 1][1] == _c(kind)), None)
+        if first is not None:
+            cells[first] = (letter, _c(kind))
 
 
 # -- the widgets ------------------------------------------------------------------------------
@@ -344,6 +378,7 @@ COMPONENTS = (
     "prefill",
     "decode",
     "preempted",
+    "handoff",
     "gap",
     "ruler",
     "worst",
@@ -369,6 +404,7 @@ class RequestTimeline(Widget):
     RequestTimeline > .request-timeline--prefill { color: $accent; }
     RequestTimeline > .request-timeline--decode { color: $primary; }
     RequestTimeline > .request-timeline--preempted { color: $error; text-style: bold; }
+    RequestTimeline > .request-timeline--handoff { color: $warning; }
     RequestTimeline > .request-timeline--gap { color: $foreground 30%; }
     RequestTimeline > .request-timeline--ruler { color: $foreground-muted; }
     RequestTimeline > .request-timeline--worst { color: $error; text-style: bold; }

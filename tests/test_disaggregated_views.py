@@ -1,0 +1,149 @@
+"""Prefill here, decode there (#33), as the screens show it, with no server: the fleet
+view's two rows named by role, the request timeline's row in P and D segments, and the
+words when the decode server recomputed the prompt. The real pair is in
+tests/test_disaggregated.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cli.attach import check_replicas, make_fleet, make_remote
+from engine.events import (
+    HandOff,
+    RequestAccepted,
+    RequestFinished,
+    StepSample,
+)
+from engine.remote.timeouts import DEFAULT_TIMEOUTS
+from tui.telemetry.buffers import Telemetry
+from tui.widgets.request_timeline import GLYPHS, lay_out
+
+# Nothing listens there: the fleet is built, never started.
+P_URL, D_URL, ROUTER_URL = "http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11"
+
+
+def _flags(**given: object) -> argparse.Namespace:
+    """What the attach flags parse to: their defaults, and `given`."""
+    flags: dict[str, object] = dict(
+        url=None,
+        prefill=None,
+        decode=None,
+        replica=[],
+        replica_kv_events=[],
+        router_metrics=None,
+        kv_events="off",
+        api_key=None,
+        served_model_name=None,
+        timeout=DEFAULT_TIMEOUTS,
+        tokenizer=None,
+    )
+    flags.update(given)
+    return argparse.Namespace(**flags)
+
+
+@pytest.mark.parametrize("router", [None, ROUTER_URL], ids=["kvscope-proxies", "vllm-router"])
+def test_both_servers_are_rows_of_the_fleet_view_named_by_role(router: str | None) -> None:
+    """`--prefill URL --decode URL`, with kvscope as the proxy or behind vllm-router's PD
+    mode (`--url`): either way kvscope scrapes both servers, one row each, by role."""
+    args = _flags(url=router, prefill=P_URL, decode=D_URL)
+    check_replicas(args)
+    fleet = make_fleet(args, make_remote(args, []))
+    state = fleet.fleet_state()
+    assert [(r.name, r.url) for r in state.rows] == [("prefill", P_URL), ("decode", D_URL)]
+    if router is None:
+        assert "prefill/decode proxy" in state.routing
+        assert "prefilled on prefill" in state.routing and "decoded there" in state.routing
+    else:
+        assert fleet.router_url == router and router in state.routing
+
+
+def _remote_sample() -> StepSample:
+    """A /metrics scrape: tokens made, but no per-request work (what a server shows)."""
+    return StepSample(
+        step=1,
+        started_at=0.0,
+        duration_s=1.0,
+        prefill_tokens=300,
+        decode_tokens=8,
+        running=1,
+        waiting=0,
+        kv_usage=0.1,
+        free_blocks=90,
+        total_blocks=100,
+        block_size=32,
+        work=(),
+    )
+
+
+def _handoff(**given: object) -> HandOff:
+    fields: dict[str, object] = dict(
+        prefill_replica="prefill",
+        decode_replica="decode",
+        prompt_tokens=300,
+        prefill_s=0.5,
+        handoff_s=0.25,
+        loaded_tokens=288,
+        loaded_source="decode's KV-connector counter",
+        block_size=32,
+    )
+    fields.update(given)
+    return HandOff(**fields)  # type: ignore[arg-type]
+
+
+def _finished(rid: str, handoff: HandOff | None) -> RequestFinished:
+    # Asked at 10.0: P answered at 10.5, D's first token at 10.75, its last at 11.75.
+    return RequestFinished(
+        rid, "length", 300, 8, ttft_s=0.75, itl_s=(0.125,) * 7, e2e_s=1.75, handoff=handoff
+    )
+
+
+def test_the_timeline_draws_a_pairs_request_as_one_row_of_p_and_d_segments() -> None:
+    tel = Telemetry()
+    tel.add_sample(_remote_sample())
+    assert "remote server" in lay_out(tel, 60, 6).plain()  # nothing finished yet
+    tel.add_accepted(RequestAccepted("pd-1", 300, 10.0))
+    tel.add_finished(_finished("pd-1", _handoff()))
+    row = tel.timeline.row("pd-1")
+    assert row is not None and row.servers == ("prefill", "decode")
+    assert [(s.start, s.end, s.kind) for s in row.segments] == [
+        (10.0, 10.5, "prefill"),
+        (10.5, 10.75, "handoff"),
+        (10.75, 11.75, "decode"),
+    ]
+    layout = lay_out(tel, 5 + 56, 6)  # "pd-1 ", and 56 columns of 1/32 s
+    assert layout.rows == ("pd-1",)
+    bar = layout.plain().splitlines()[1][5:]
+    # 16 columns of prefill on P, 8 of hand-off, 32 of decode on D, each server's opened
+    # by its letter.
+    assert (
+        bar == "P" + GLYPHS["prefill"] * 15 + GLYPHS["handoff"] * 8 + "D" + GLYPHS["decode"] * 31
+    ), bar
+    assert "P=prefill ▒=KV D=decode" in layout.title
+
+
+def test_a_remote_servers_own_request_keeps_no_row_beside_a_pairs() -> None:
+    """On a plain remote server nothing changes: a finish without a hand-off draws no row."""
+    tel = Telemetry()
+    tel.add_sample(_remote_sample())
+    tel.add_accepted(RequestAccepted("plain", 300, 10.0))
+    tel.add_finished(_finished("plain", None))
+    assert "remote server does not show its steps" in lay_out(tel, 60, 6).plain()
+    tel.add_accepted(RequestAccepted("pd-2", 300, 12.0))
+    tel.add_finished(_finished("pd-2", _handoff()))
+    assert lay_out(tel, 60, 6).rows == ("pd-2",)
+
+
+def test_a_decode_server_that_found_no_kv_says_it_fell_back_and_what_that_cost() -> None:
+    h = _handoff(loaded_tokens=0, handoff_s=0.4125)
+    assert h.fell_back
+    assert h.words() == (
+        "decode found none of prefill's KV: it fell back to computing all 300 prompt tokens "
+        "again, 412 ms from prefill's answer to its first token (decode's KV-connector "
+        "counter)"
+    )
+    # No token from the decode server: no cost to name; the rest is said.
+    none = _handoff(loaded_tokens=0, handoff_s=None).words()
+    assert none.startswith("decode found none of prefill's KV") and " ms " not in none
