@@ -15,7 +15,8 @@ mixed: `--users` users each sending its next request when the last one ends, pro
 `--prompt-len` tokens spread by half either way, so long prompts arrive while other
 requests decode. Rounds alternate (colocated, then disaggregated, with the same seed in
 a round) and each prints the host's load; the table gives each side's medians over the
-rounds and their ratio (disaggregated / colocated).
+rounds and their ratio (disaggregated / colocated), and a sentence says what the run
+showed: the figures P/D made better or worse, "no gain here" for the rest, and why.
 
 On a 2-core CPU the pair cannot gain what it gains on GPUs: the four servers share the
 same two cores, prefill and decode are both compute on a CPU, and the KV goes through
@@ -51,6 +52,48 @@ FIGURES = (
     ("p99_itl_ms", "p99 ITL ms"),
     ("output_throughput", "output tok/s"),
 )
+
+LOWER_IS_BETTER = {"median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"}
+NOISE = 0.10
+"""A change smaller than this share of the colocated figure is no change: two rounds on
+a shared host move that much between themselves."""
+WHY = (
+    "Why: the four servers share this host's two cores (the prefill server and a on core "
+    "0, the decode server and b on core 1), so the prefill server's compute is taken from "
+    "the decode server's, not added to it; prefill and decode are both compute on a CPU; "
+    "and every prompt's KV goes through files. On GPUs the two phases get chips of their own."
+)
+
+
+def verdict(colocated: dict[str, float], pd: dict[str, float]) -> str:
+    """What this run showed, in one sentence per kind of outcome: the figures P/D made
+    better, those it made worse, and "no gain here" for the rest (all of them, when so)."""
+    better: list[str] = []
+    worse: list[str] = []
+    same: list[str] = []
+    for key, label in FIGURES:
+        colo, split = colocated[key], pd[key]
+        if colo <= 0 or split <= 0:
+            continue
+        ratio = split / colo
+        gain = 1 / ratio if key in LOWER_IS_BETTER else ratio
+        words = f"{label} {ratio:.2f}x"
+        if gain >= 1 + NOISE:
+            better.append(words)
+        elif gain <= 1 / (1 + NOISE):
+            worse.append(words)
+        else:
+            same.append(words)
+    said = []
+    if better:
+        said.append(f"better with P/D: {', '.join(better)} of colocated")
+    if worse:
+        said.append(f"worse: {', '.join(worse)}")
+    if same:
+        said.append(f"no gain here: {', '.join(same)} (within {NOISE:.0%})")
+    if not better:
+        said.insert(0, "no gain here from splitting prefill and decode")
+    return f"What this run showed: {'; '.join(said)}. {WHY}"
 
 
 def warm(url: str) -> None:
@@ -157,11 +200,15 @@ def main() -> int:
         f"tokens +-50 %, {args.output_len} output tokens, {args.rounds} rounds (medians)"
     )
     print(f"{'':16}{'colocated':>12}{'P/D':>12}{'P/D / colo':>12}")
+    medians = {
+        side: {key: statistics.median(x[key] for x in runs) for key, _ in FIGURES}
+        for side, runs in results.items()
+    }
     for key, label in FIGURES:
-        colo = statistics.median(x[key] for x in results["colocated"])
-        pd = statistics.median(x[key] for x in results["disaggregated"])
+        colo, pd = medians["colocated"][key], medians["disaggregated"][key]
         ratio = pd / colo if colo else float("nan")
         print(f"{label:16}{colo:12,.1f}{pd:12,.1f}{ratio:12.2f}")
+    print(f"\n{verdict(medians['colocated'], medians['disaggregated'])}")
     return 0
 
 

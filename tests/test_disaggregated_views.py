@@ -147,3 +147,34 @@ def test_a_decode_server_that_found_no_kv_says_it_fell_back_and_what_that_cost()
     # No token from the decode server: no cost to name; the rest is said.
     none = _handoff(loaded_tokens=0, handoff_s=None).words()
     assert none.startswith("decode found none of prefill's KV") and " ms " not in none
+
+
+# The README's run (2026-12-04): colocated, then the P/D pair.
+COLOCATED = {
+    "median_ttft_ms": 2279.2,
+    "p99_ttft_ms": 4555.6,
+    "median_itl_ms": 67.3,
+    "p99_itl_ms": 1396.9,
+    "output_throughput": 21.7,
+}
+PD = {
+    "median_ttft_ms": 4545.1,
+    "p99_ttft_ms": 9030.1,
+    "median_itl_ms": 68.4,
+    "p99_itl_ms": 499.9,
+    "output_throughput": 22.9,
+}
+
+
+def test_the_benchmark_says_what_its_run_showed_and_why() -> None:
+    from benchmarks.disaggregated import WHY, verdict
+
+    assert verdict(COLOCATED, PD) == (
+        "What this run showed: better with P/D: p99 ITL ms 0.36x of colocated; worse: "
+        "median TTFT ms 1.99x, p99 TTFT ms 1.98x; no gain here: median ITL ms 1.02x, "
+        f"output tok/s 1.06x (within 10%). {WHY}"
+    )
+    # Nothing better: said first, in the words.
+    even = verdict(COLOCATED, {k: v * 1.05 for k, v in COLOCATED.items()})
+    assert even.startswith("What this run showed: no gain here from splitting"), even
+    assert "two cores" in WHY
