@@ -178,3 +178,41 @@ def test_the_benchmark_says_what_its_run_showed_and_why() -> None:
     even = verdict(COLOCATED, {k: v * 1.05 for k, v in COLOCATED.items()})
     assert even.startswith("What this run showed: no gain here from splitting"), even
     assert "two cores" in WHY
+
+
+async def test_a_prefill_server_that_dies_mid_prefill_is_said_and_decode_never_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection to P breaks while it prefills (the process killed, say): the line
+    names P's role, and the decode server gets nothing (the real pair's test covers P
+    refusing the connection: tests/test_disaggregated.py)."""
+    from engine.errors import ConnectionLost
+    from engine.events import GenerationRequest, SamplingSettings
+    from engine.fleet.disaggregated import DisaggregatedEngine
+    from engine.remote import RemoteEngine
+
+    prefill, decode = RemoteEngine(P_URL, kv_events=None), RemoteEngine(D_URL, kv_events=None)
+    pair = DisaggregatedEngine(("prefill", prefill), ("decode", decode))
+    asked: list[object] = []
+
+    async def dies(*args: object, **kwargs: object) -> object:
+        raise ConnectionLost(0, P_URL, "peer closed connection")
+
+    async def no_metrics(path: str) -> None:
+        return None
+
+    def decode_stream(*args: object, **kwargs: object) -> object:
+        asked.append(args)
+        raise AssertionError("the decode server was asked")
+
+    monkeypatch.setattr(prefill, "answer", dies)
+    monkeypatch.setattr(decode, "fetch_text", no_metrics)
+    monkeypatch.setattr(decode, "stream", decode_stream)
+    request = GenerationRequest("pd-dies", prompt_token_ids=(1, 2, 3), sampling=SamplingSettings())
+    with pytest.raises(ConnectionLost) as raised:
+        async for _ in pair.stream(request):
+            pass
+    words = raised.value.plain()
+    assert words.startswith(f"Connection to {P_URL} lost after 0 tokens (peer closed connection; ")
+    assert "it is the prefill server (prefill), so nothing was sent to the decode server" in words
+    assert not asked

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ServerUnreachable
+from engine.errors import ConnectionLost, ServerUnreachable
 from engine.events import HandOff, RequestFinished
 from engine.fleet.attribution import Attribution
 from engine.fleet.round_robin import RoundRobinEngine
@@ -163,11 +163,10 @@ class DisaggregatedEngine(RoundRobinEngine):
                 )
             except ServerUnreachable as exc:
                 # A plain ServerUnreachable, not a stall: nothing came, nothing is lost.
-                raise ServerUnreachable(
-                    exc.url,
-                    f"{exc.detail}; it is the prefill server ({self.prefill_name}), so "
-                    f"nothing was sent to the decode server ({self.decode_name})",
-                ) from None
+                raise ServerUnreachable(exc.url, self._prefill_gone(exc.detail)) from None
+            except ConnectionLost as exc:
+                # The prefill server died while it prefilled: no token came either.
+                raise ConnectionLost(0, exc.url, self._prefill_gone(exc.detail)) from None
             params = prefilled.data.get("kv_transfer_params")
             extra = {"kv_transfer_params": params} if isinstance(params, dict) else None
             async for event in self.decode.stream(request, submitted_at=asked, extra_body=extra):
@@ -179,6 +178,14 @@ class DisaggregatedEngine(RoundRobinEngine):
         finally:
             with self._count_lock:
                 self._in_flight -= 1
+
+    def _prefill_gone(self, detail: str) -> str:
+        """Why a request stopped at the prefill server, said about the pair."""
+        role = (
+            f"it is the prefill server ({self.prefill_name}), so nothing was sent to the "
+            f"decode server ({self.decode_name})"
+        )
+        return f"{detail}; {role}" if detail else role
 
     async def _counters(self) -> DecodeCounters | None:
         return DecodeCounters.parse(await self.decode.fetch_text("/metrics"))
