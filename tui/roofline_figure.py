@@ -129,7 +129,10 @@ def machine_roofs(card: ModelCard) -> Roofs | str:
 
         names = [d.name for d in gpu_devices()]
         for name in names:
-            for key in (name, name.removeprefix("NVIDIA ")):
+            # NVML's "NVIDIA H100 80GB HBM3" is the profile "h100-80gb-hbm3", "NVIDIA L4" is
+            # "l4". A MIG slice ("… MIG 1g.10gb") matches none: its roofs are a share.
+            short = name.removeprefix("NVIDIA ")
+            for key in (name, short, short.replace(" ", "-")):
                 try:
                     p = load_profile(key, option="--hardware")
                 except KvscopeError:

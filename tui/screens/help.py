@@ -79,6 +79,14 @@ that does not. Attached to a server (`--url`) there are no steps: each point is 
 /metrics scrapes; a server started without `--enable-mfu-metrics` counts nothing, and
 the Server box says so.
 
+**Roofline of a sweep** (F3, on the sweep screen). The shown mode's bench points take the
+place of its plots, drawn as `kvscope roofline --plot` draws a saved bench JSON: an
+in-process point as its prefill (■) and decode (●) parts, an attached one whole (◆), one
+above a roof as !. A live run's points sit under this machine's roofs; a file loaded with
+F9 (after the run began, or with no run) under the roofs it was measured against. A point
+with no FLOP and byte counts is named, with why, in words. F3 again brings the usual
+plots back.
+
 **Latency anatomy.** A finished reply's footer splits its TTFT into queue, its own prefill
 (and in how many chunks), others' work in those steps, and preemption, when the engine
 measures them step by step. F6 turns the ITL plot into the *timeline*: one row per request,
