@@ -74,7 +74,7 @@ from engine.remote.server_api import VLLM_API, ContextSource, ServerApi
 from engine.remote.server_watch import ServerWatch
 from engine.remote.streaming import ReplyAssembler, StreamError
 from engine.remote.timeouts import DEFAULT_TIMEOUTS, ServerStalled, Timeouts, Wait, Watchdog
-from engine.remote.transport import LeanTransport, lean_transport_fits
+from engine.remote.transport import LeanAnswer, LeanPoster, LeanTransport, lean_transport_fits
 from engine.request_book import (
     Item,
     LiveRequest,
@@ -198,6 +198,7 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._http: httpx.AsyncClient | None = None
+        self._lean: LeanPoster | None = None  # plain http: streams skip httpx's client
         # Only open streams: the server, not this client, runs the requests.
         self._book: RequestBook[_Live] = RequestBook()
         self._sessions: dict[str, str] = {}  # request ID -> session ID
@@ -378,6 +379,7 @@ class RemoteEngine:
         self._loop = None
         self._loop_thread = None
         self._http = None
+        self._lean = None
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -393,15 +395,18 @@ class RemoteEngine:
             # Plain http gets the lean transport (a few µs a chunk, see transport.py);
             # https and proxies keep httpx's own. Neither limits connections: a stream
             # queued in the client's pool would be counted as the server's TTFT.
-            lean = lean_transport_fits(self.url)
-            return httpx.AsyncClient(
+            # Streams over it go through a LeanPoster: no httpx client per request.
+            lean = LeanTransport() if lean_transport_fits(self.url) else None
+            http = httpx.AsyncClient(
                 base_url=self.url,
                 headers=auth_headers(self.api_key, self._where.authorization),
                 verify=self.verify,
                 timeout=self.timeouts.streaming(),
                 limits=STREAM_POOL,
-                transport=LeanTransport() if lean else None,
+                transport=lean,
             )
+            self._lean = LeanPoster(http, lean) if lean is not None else None
+            return http
 
         self._http = asyncio.run_coroutine_threadsafe(make(), loop).result(timeout=30)
 
@@ -534,7 +539,7 @@ class RemoteEngine:
             live.times, len(ids) if ids is not None else None, server_counts=client is None
         )
         path, body = self._body(live.request, live.session_id, live.extra_body)
-        http = self._http
+        http, lean = self._http, self._lean
         assert http is not None
         limits = self.timeouts
         waiting: Wait = "first byte"
@@ -542,7 +547,7 @@ class RemoteEngine:
         try:
             async with (
                 Watchdog(limits.first_byte_s) as timer,
-                http.stream("POST", path, json=body) as response,
+                lean.post(path, body) if lean else http.stream("POST", path, json=body) as response,
             ):
                 answered = True
                 if response.status_code != 200:
@@ -624,7 +629,9 @@ class RemoteEngine:
                     rid,
                 )
 
-    async def _refusal(self, req: GenerationRequest, response: httpx.Response) -> KvscopeError:
+    async def _refusal(
+        self, req: GenerationRequest, response: httpx.Response | LeanAnswer
+    ) -> KvscopeError:
         """The typed error for a non-200 answer to a request."""
         body = await response.aread()
         if response.status_code in (401, 403):

@@ -13,14 +13,19 @@ types (ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError, ...), so 
 handle errors exactly as with httpx's transport. It serves `http://` only, with no proxy:
 `https://` (TLS, certificates) and proxies from the environment keep httpx's transport
 (see `lean_transport_fits`).
+
+The engine's streams skip httpx's client as well (`LeanPoster`): the same request bytes,
+built once a path, sent straight to this transport, and the answer read with no layer
+between; httpx's client then serves only the engine's few other requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -349,14 +354,34 @@ class LeanTransport(httpx.AsyncBaseTransport):
         lines += [name + b": " + value for name, value in request.headers.raw]
         message = b"\r\n".join(lines) + b"\r\n\r\n" + body
         head_only = request.method.upper() == "HEAD"
+        read_timeout = timeouts.get("read")
+        conn = await self.send(key, message, head_only, timeouts.get("connect"), read_timeout)
+        return httpx.Response(
+            conn.status,
+            headers=conn.headers,
+            stream=_Body(self, conn, read_timeout),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
+        )
+
+    async def send(
+        self,
+        key: tuple[str, int],
+        message: bytes,
+        head_only: bool,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+    ) -> _Connection:
+        """Send one whole request on a kept-alive connection or a new one; the connection
+        once the answer's status line and headers are in (its body follows, `_Body`)."""
         while True:
             conn = self._idle_connection(key)
             fresh = conn is None
             if conn is None:
-                conn = await self._connect(key, timeouts.get("connect"))
+                conn = await self._connect(key, connect_timeout)
             conn._reset(head_only=head_only)
             try:
-                return await self._exchange(conn, message, timeouts.get("read"))
+                await self._exchange(conn, message, read_timeout)
+                return conn
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 # A kept-alive connection the server closed meanwhile: once more, afresh.
                 if fresh or conn.got_bytes:
@@ -364,7 +389,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(
         self, conn: _Connection, message: bytes, read_timeout: float | None
-    ) -> httpx.Response:
+    ) -> None:
         assert conn.transport is not None
         if conn.transport.is_closing():
             raise httpx.ReadError("the connection closed before the request was sent")
@@ -381,12 +406,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self._discard(conn)
             raise
-        return httpx.Response(
-            conn.status,
-            headers=conn.headers,
-            stream=_Body(self, conn, read_timeout),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
-        )
 
     def _idle_connection(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)
@@ -430,3 +449,119 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self._discard(conn)
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports' close callbacks run
+
+
+class LeanAnswer:
+    """One answer to `LeanPoster.post`, with the face of httpx.Response that the engine
+    reads (status_code, headers, aread, aiter_raw, aiter_bytes) and none of its layers."""
+
+    def __init__(self, pool: LeanTransport, conn: _Connection, read_timeout: float | None):
+        self.status_code = conn.status
+        self.headers = httpx.Headers(conn.headers)
+        self._body = _Body(pool, conn, read_timeout)
+        self._response: httpx.Response | None = None
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, undecoded (an async generator: close it)."""
+        return self._body.__aiter__()
+
+    def _decoded(self) -> httpx.Response:
+        # Rare (vLLM sends no Content-Encoding): httpx's own decoders, on this body.
+        if self._response is None:
+            self._response = httpx.Response(
+                self.status_code, headers=self.headers, stream=self._body
+            )
+        return self._response
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body decoded as its Content-Encoding says, by httpx's decoders."""
+        return self._decoded().aiter_bytes()
+
+    async def aread(self) -> bytes:
+        return await self._decoded().aread()
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+class _Post:
+    """`async with poster.post(path, body) as answer`: the answer once its headers are in;
+    leaving the block gives the connection back (kept when the body was read through)."""
+
+    def __init__(self, poster: LeanPoster, path: str, body: bytes) -> None:
+        self._poster = poster
+        self._path = path
+        self._body = body
+        self._answer: LeanAnswer | None = None
+
+    async def __aenter__(self) -> LeanAnswer:
+        self._answer = await self._poster.send(self._path, self._body)
+        return self._answer
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._answer is not None:
+            await self._answer.aclose()
+
+
+class LeanPoster:
+    """POSTs JSON to one client's server straight through its LeanTransport: what
+    httpx.AsyncClient.stream does per request (merging the URL, building and checking the
+    headers, the cookie jar, auth and redirect hooks, three layers of generators over the
+    body) was about 0.5 ms a request, 8 µs a token at 64 tokens a reply.
+
+    The bytes sent are the client's own: each path's request line and headers come from
+    `client.build_request` once (its base URL, default headers, auth header and cookies),
+    and the JSON is encoded as httpx encodes `json=`. Timeouts are the client's (connect;
+    read, None for streams, which the caller times). An answer that sets a cookie goes
+    into the client's jar, as httpx's client does, and the headers are built anew.
+    Errors are httpx's own types (the transport's)."""
+
+    def __init__(self, client: httpx.AsyncClient, transport: LeanTransport) -> None:
+        self._client = client
+        self._transport = transport
+        self._connect_timeout = client.timeout.connect
+        self._read_timeout = client.timeout.read
+        # path -> (host and port, the request's bytes up to Content-Length's value, the
+        # bytes after it up to the body, its URL for the cookie jar)
+        self._heads: dict[str, tuple[tuple[str, int], bytes, bytes, httpx.URL]] = {}
+
+    def post(self, path: str, body: Any) -> _Post:
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _Post(self, path, data.encode("utf-8"))
+
+    def _head(self, path: str) -> tuple[tuple[str, int], bytes, bytes, httpx.URL]:
+        head = self._heads.get(path)
+        if head is None:
+            request = self._client.build_request("POST", path, json={})
+            url = request.url
+            if url.scheme != "http":
+                raise httpx.UnsupportedProtocol(f"the lean transport speaks http only, not {url}")
+            before = [b"POST " + url.raw_path + b" HTTP/1.1"]
+            after: list[bytes] = []
+            seen = False
+            for name, value in request.headers.raw:
+                if name.lower() == b"content-length":
+                    seen = True
+                    continue
+                (after if seen else before).append(name + b": " + value)
+            start = b"\r\n".join(before) + b"\r\nContent-Length: "
+            end = b"".join(b"\r\n" + line for line in after) + b"\r\n\r\n"
+            head = self._heads[path] = ((url.host, url.port or 80), start, end, url)
+        return head
+
+    async def send(self, path: str, body: bytes) -> LeanAnswer:
+        key, start, end, url = self._head(path)
+        message = b"%s%d%s%s" % (start, len(body), end, body)
+        pool = self._transport
+        conn = await pool.send(key, message, False, self._connect_timeout, self._read_timeout)
+        answer = LeanAnswer(pool, conn, self._read_timeout)
+        if any(name.lower() == b"set-cookie" for name, _ in conn.headers):
+            self._keep_cookies(answer, url)
+        return answer
+
+    def _keep_cookies(self, answer: LeanAnswer, url: httpx.URL) -> None:
+        response = httpx.Response(
+            answer.status_code, headers=answer.headers, request=httpx.Request("POST", url)
+        )
+        self._client.cookies.extract_cookies(response)
+        self._heads.clear()  # the next requests carry them
