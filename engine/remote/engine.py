@@ -51,6 +51,7 @@ from engine.events import (
     ScrapeListener,
     ScrapeSample,
     StepListener,
+    TokenEvent,
 )
 from engine.features import REMOTE_DEVICE_PREFIX, EngineFeatures
 from engine.remote.client import (
@@ -125,7 +126,8 @@ class _Live(LiveRequest):
         if self.relay is None:
             super().put_threadsafe(item)
             return
-        self.sent(item)
+        if type(item) is not TokenEvent:  # a token never ends a request: once a token,
+            self.sent(item)  # its isinstance check was 3 % of the IO thread's CPU
         self.relay.put(self.queue, item)
 
 
