@@ -1,12 +1,15 @@
 """How busy each pytest worker was, from the lines tests/conftest.py writes: the suite
 lasts as long as its busiest worker, so this says which tests to shorten or move.
 
-On a CPU with AVX-512 bf16 (or AMX) units it also estimates the suite on the slowest CPU
-seen, an AVX2-only one, where a prefill is PREFILL_SLOWER times slower and a decode step
-DECODE_SLOWER times (issue #28: a 512-token prefill 5.8 s there, 14x this kind's; decode
-1.6x). Each test's vLLM work (tests/work_meter.py: its prefill and decode seconds) is
-scaled by those, the rest of its time kept: a worker's span grows by its tests' extra.
-vLLM started in a test's own subprocess is not counted: those tests' time is said apart.
+On the kind of CPU the pair below was measured on (a 2-core AMD EPYC with AVX-512 bf16
+units) it also estimates the suite on the slowest CPU seen, a 2-core AVX2-only EPYC, by
+the ratio of one tree's pytest time on both: the same commit, fresh clones, two workers.
+Scaling each test's vLLM work instead (a prefill 14x, a decode 1.6x, issue #28) read
+35 minutes for a suite that the AVX2 machine ran in 15-17: those factors are bf16's, and
+the session's engines compute in float32 (tests/session_engine.py: a 512-token prefill
+1.1 s there, not 6.8), while most of the suite is Python and Textual, slower there too.
+Each test's vLLM work (tests/work_meter.py: prefill and decode seconds, prompt tokens) is
+still listed beside its time: it says where prompt tokens can be cut.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PREFILL_SLOWER = 14.0
-DECODE_SLOWER = 1.6
-FAST_FLAGS = ("avx512_bf16", "amx_bf16")
+# de60889, `.ci/run` in a fresh clone, pytest's own "in N s" figure on each machine.
+PAIR_COMMIT = "de60889"
+SLOW_PYTEST_S = 17 * 60 + 18  # the AVX2-only EPYC, 2026-12-03 (docs/testing.md)
+FAST_PYTEST_S = 11 * 60 + 19  # the AVX-512 bf16 EPYC, 2026-12-07 (678.9 s)
+SLOW_OVER_FAST = SLOW_PYTEST_S / FAST_PYTEST_S
+PAIRED_CPU = ("AMD EPYC", "avx512_bf16")  # the model name and the flag of the fast one
 
 
 @dataclass
@@ -32,12 +38,7 @@ class Worker:
     prefill_tokens: int = 0
     own_s: float = 0.0  # in tests that start vLLM in a subprocess (not counted)
     own: int = 0
-    slowest: list[tuple[float, float, str]] = field(default_factory=list)
-
-    @property
-    def extra_s(self) -> float:
-        """What the slow CPU adds: the vLLM work counted, scaled."""
-        return self.prefill_s * (PREFILL_SLOWER - 1) + self.decode_s * (DECODE_SLOWER - 1)
+    slowest: list[tuple[float, int, str]] = field(default_factory=list)
 
 
 def read(lines: list[str]) -> dict[str, Worker]:
@@ -60,8 +61,7 @@ def read(lines: list[str]) -> dict[str, Worker]:
             if parts[7] == "1":
                 w.own += 1
                 w.own_s += took
-            extra = prefill * (PREFILL_SLOWER - 1) + decode * (DECODE_SLOWER - 1)
-            w.slowest.append((took + extra, took, parts[3]))
+        w.slowest.append((took, int(parts[6]) if len(parts) == 8 else 0, parts[3]))
     return workers
 
 
@@ -76,43 +76,47 @@ def summary(lines: list[str]) -> list[str]:
 
 
 def slow_cpu_estimate(lines: list[str]) -> list[str]:
-    """The suite on an AVX2-only CPU, worker by worker, and how it was reckoned."""
+    """The suite on the AVX2-only EPYC, worker by worker, and how it was reckoned."""
     workers = read(lines)
-    if not workers or not any(w.slowest for w in workers.values()):
+    if not workers:
         return []
     start = min(w.first for w in workers.values())
     out = [
-        f"on an AVX2-only CPU (prefill {PREFILL_SLOWER:g}x, decode {DECODE_SLOWER:g}x slower "
-        "than here), estimated from each test's vLLM work:"
+        f"on the AVX2-only EPYC: {SLOW_OVER_FAST:.2f} x here ({PAIR_COMMIT}'s pytest took "
+        f"{SLOW_PYTEST_S} s there and {FAST_PYTEST_S} s on this kind of CPU, fresh clones):"
     ]
     spans = []
     for name, w in sorted(workers.items()):
-        span = w.last - start + w.extra_s
+        span = (w.last - start) * SLOW_OVER_FAST
         spans.append(span)
         out.append(
-            f"{name}: {w.last - start:.0f} s here -> about {span:.0f} s (prefill "
-            f"{w.prefill_s:.0f} s of {w.prefill_tokens:,} prompt tokens, decode "
+            f"{name}: {w.last - start:.0f} s here -> about {span:.0f} s (vLLM work here: "
+            f"prefill {w.prefill_s:.0f} s of {w.prefill_tokens:,} prompt tokens, decode "
             f"{w.decode_s:.0f} s; {w.own} tests with vLLM in their own subprocess, "
-            f"{w.own_s:.0f} s, counted as they ran here)"
+            f"{w.own_s:.0f} s)"
         )
     out.append(f"suite: about {max(spans) / 60:.1f} min of pytest on the slow CPU")
-    ranked = sorted((t for w in workers.values() for t in w.slowest), reverse=True)[:20]
-    out.append("the 20 slowest there (estimate, here, test):")
-    out += [f"  {slow:6.1f} s {here:6.1f} s {test}" for slow, here, test in ranked]
     return out
 
 
-def fast_cpu() -> bool:
-    """Whether this CPU has the bf16 units the slow one lacks (the estimate is relative)."""
+def slowest(lines: list[str]) -> list[str]:
+    """The 20 slowest tests here, with the prompt tokens each sent to a counted vLLM."""
+    ranked = sorted((t for w in read(lines).values() for t in w.slowest), reverse=True)[:20]
+    out = ["the 20 slowest here (seconds, prompt tokens, test):"]
+    out += [f"  {took:6.1f} s {tokens:6,} {test}" for took, tokens, test in ranked]
+    return out
+
+
+def paired_cpu() -> bool:
+    """Whether this CPU is the kind the pair's fast half was measured on."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    flags = next(
-        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")),
-        [],
-    )
-    return any(f in flags for f in FAST_FLAGS)
+    lines = text.splitlines()
+    model = next((ln.split(":", 1)[1] for ln in lines if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return PAIRED_CPU[0] in model and PAIRED_CPU[1] in flags
 
 
 def main() -> int:
@@ -126,11 +130,16 @@ def main() -> int:
     lines = path.read_text(encoding="utf-8").splitlines()
     for row in summary(lines):
         print(f"ci: worker {row}")
-    if fast_cpu():
+    for row in slowest(lines):
+        print(f"ci: {row}")
+    if paired_cpu():
         for row in slow_cpu_estimate(lines):
             print(f"ci: {row}")
     else:
-        print("ci: this CPU has no AVX-512 bf16 units: its times are the slow CPU's own")
+        print(
+            "ci: no estimate for the AVX2-only EPYC: the suite was timed on both only beside "
+            f"an {' with '.join(PAIRED_CPU)} (scripts/test_timeline.py)"
+        )
     return 0
 
 

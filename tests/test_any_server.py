@@ -136,51 +136,53 @@ def test_a_load_points_clock_stops_with_its_last_reply(mock: MockServer) -> None
 def test_at_32_streams_kvscope_reads_the_mocks_timings_as_well_as_vllm_bench_serve() -> None:
     # The mock's own lag under 32 streams on this host is the tolerance: measured by
     # `vllm bench serve` in the same test, beside kvscope's load runner, each client in a
-    # process of its own. The two take turns (kvscope, vllm bench serve, twice), so each
-    # kvscope round has a vllm bench serve round next to it on a host as busy; kvscope
-    # must be within that one's error in at least one pair: a reading that is off by
-    # itself is off in every pair, a burst of another process's work falls in one. An
+    # process of its own. The two take turns (kvscope, vllm bench serve; again if not
+    # close), so each kvscope round has a vllm bench serve round next to it on a host as
+    # busy; kvscope must be within that one's error in at least one pair. An
     # ITL of 40 ms (800 tokens/s asked of the mock, not 3,200) keeps the mock on time on
     # a 2-core host, and the margin is a tenth of it, as +1 ms was of 10 ms.
     ttft_ms, itl_ms = TTFT_MS, 4 * ITL_MS
     users, output, prompts = 32, 32, 64
+    tokens = prompts * output
+    pairs: list[tuple[dict[str, float] | str, dict[str, float] | str]] = []
+    close: list[bool] = []
+
+    def said() -> str:
+        return "\n".join(f"kvscope {ours}\nvllm bench serve {theirs}" for ours, theirs in pairs)
+
     server = MockServer(ttft_ms, itl_ms).start()
     try:
-        pairs = [
-            (
-                kvscope_process_round(server.url, users, output, prompts),
-                vllm_round(server.url, users, output, prompts),
+        # A second pair only when the first was not close: a burst of another process's
+        # work falls in one pair, and a reading that is off by itself is off in both.
+        while len(pairs) < 2 and not any(close):
+            ours = kvscope_process_round(server.url, users, output, prompts)
+            theirs = vllm_round(server.url, users, output, prompts)
+            pairs.append((ours, theirs))
+            assert isinstance(ours, dict), ours
+            assert isinstance(theirs, dict), theirs
+            # Neither client can see a token before the mock sends it.
+            assert ours["median_ttft_ms"] >= ttft_ms and ours["median_itl_ms"] > 0, said()
+            their_itl_error = abs(theirs["median_itl_ms"] - itl_ms)
+            # The mean TTFT, not the median: 64 requests at 32 streams are two waves of 32,
+            # the first late by the mock's accepting 32 at once (135-168 ms to both clients,
+            # the second 103-116), so the median is the midpoint of the gap between the
+            # waves and jumps ~20 ms when one request crosses it (kvscope 137.6 beside
+            # vLLM's 117.8 once, with the same waves).
+            their_ttft_error = theirs["mean_ttft_ms"] - ttft_ms
+            ttft_slack = 0.5 * their_ttft_error + 0.1 * ttft_ms  # ours past theirs, allowed
+            itl_slack = their_itl_error + 0.1 * itl_ms
+            # Both clocks run from the first send to the last reply: two waves of requests,
+            # each TTFT + (output - 1) gaps, so ours may run past theirs by twice the slacks.
+            their_s = tokens / theirs["output_throughput"]
+            our_s = tokens / ours["output_throughput"]
+            close.append(
+                abs(ours["median_itl_ms"] - itl_ms) <= itl_slack
+                and ours["mean_ttft_ms"] - theirs["mean_ttft_ms"] <= ttft_slack
+                and our_s - their_s <= 2 * (ttft_slack + (output - 1) * itl_slack) / 1000
             )
-            for _ in range(2)
-        ]
     finally:
         server.stop()
-    said = "\n".join(f"kvscope {ours}\nvllm bench serve {theirs}" for ours, theirs in pairs)
-    close: list[bool] = []
-    for ours, theirs in pairs:
-        assert isinstance(ours, dict), ours
-        assert isinstance(theirs, dict), theirs
-        # Neither client can see a token before the mock sends it.
-        assert ours["median_ttft_ms"] >= ttft_ms and ours["median_itl_ms"] > 0, said
-        their_itl_error = abs(theirs["median_itl_ms"] - itl_ms)
-        # The mean TTFT, not the median: 64 requests at 32 streams are two waves of 32, the
-        # first late by the mock's accepting 32 at once (135-168 ms to both clients, the
-        # second 103-116), so the median is the midpoint of the gap between the waves and
-        # jumps ~20 ms when one request crosses it (kvscope 137.6 beside vLLM's 117.8 once,
-        # with the same waves).
-        their_ttft_error = theirs["mean_ttft_ms"] - ttft_ms
-        ttft_slack = 0.5 * their_ttft_error + 0.1 * ttft_ms  # ours past theirs, allowed
-        itl_slack = their_itl_error + 0.1 * itl_ms
-        # Both clocks run from the first send to the last reply: two waves of requests,
-        # each TTFT + (output - 1) gaps, so ours may run past theirs by twice the slacks.
-        tokens = prompts * output
-        their_s, our_s = tokens / theirs["output_throughput"], tokens / ours["output_throughput"]
-        close.append(
-            abs(ours["median_itl_ms"] - itl_ms) <= itl_slack
-            and ours["mean_ttft_ms"] - theirs["mean_ttft_ms"] <= ttft_slack
-            and our_s - their_s <= 2 * (ttft_slack + (output - 1) * itl_slack) / 1000
-        )
-    assert any(close), said
+    assert any(close), said()
 
 
 def test_walls_nobody_told_are_not_drawn_and_the_card_says_unknown() -> None:

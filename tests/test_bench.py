@@ -39,12 +39,12 @@ async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
 
     result = await run_sweep(
         vllm_engine,
-        SweepConfig(prompt_lens=(64, 512), output_len=16, runs=1, warmup=1),
+        SweepConfig(prompt_lens=(32, 128), output_len=16, runs=1, warmup=1),
         on_progress=lambda done, total: progress.append((done, total)),
         floors=floors,
     )
     data = json.loads(result.to_json())
-    assert [p["prompt_len"] for p in data["points"]] == [64, 512]
+    assert [p["prompt_len"] for p in data["points"]] == [32, 128]
     for point in data["points"]:
         assert point["ok"] is True
         for key in FIELDS:
@@ -56,10 +56,11 @@ async def test_small_sweep_on_the_real_engine(vllm_engine: Engine) -> None:
         assert request["prompt_tokens"] == point["prompt_len"]
         assert len(request["itl_s"]) == 15
         assert point["ttft_pct_of_floor"] > 0
-    short, long = data["points"]
-    assert long["mean_ttft_ms"] > short["mean_ttft_ms"]
+    # That TTFT grows with the prompt is test_vllm_engine's claim, the best of two short
+    # runs against a long one: one run a length cannot say it (a fresh clone on a loaded
+    # host once took 2.6 s for 64 tokens here and 2.1 s for 512).
     assert progress[-1] == (3, 3)
-    assert floors_asked == [64, 512]
+    assert floors_asked == [32, 128]
     assert data["model"]["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * TEST_DTYPE_BYTES  # SmolLM2
 
 

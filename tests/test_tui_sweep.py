@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from textual.content import Content
 from textual.widgets import DataTable, Input, Static
-from tui_helpers import HoldingClock, engine_ready, make_app, palette_offers, wait_until
+from tui_helpers import HoldingClock, engine_ready, make_app, palette_offers, settle, wait_until
 
 from bench.sweep_files import SavedSweep, SweepFileError, load_saved_sweeps
 from bench.sweep_result import SweepConfig, SweepMetrics, SweepPoint, SweepResult
@@ -161,7 +161,7 @@ async def test_each_run_is_plotted_as_it_ends_with_a_run_line() -> None:
                 screen.query_one(f"#{field_id}", Input).value = value
             await pilot.press("f6")
             await wait_until(pilot, lambda: clock.holding, 30)
-            await pilot.pause(0.2)
+            await settle(pilot)  # the held state drawn: not however far 0.2 s got
             assert len(screen.runs) == 1
             assert screen.points == []
             assert screen.query_one("#sweep-ttft", Plot).has_drawing

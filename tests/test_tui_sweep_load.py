@@ -78,7 +78,7 @@ async def _run_to_end(pilot: Pilot[int], screen: SweepScreen) -> None:
     await wait_until(
         pilot, lambda: screen.load_result is not None and not screen.running, 60, "the load"
     )
-    await pilot.pause(0.3)
+    await settle(pilot)
 
 
 def _engine_idle(engine: object) -> bool:
@@ -169,7 +169,7 @@ async def test_progress_says_the_level_and_time_left_and_f6_stops_cleanly(
             )
             await pilot.press("f6")
             await wait_until(pilot, lambda: clock.holding, 30, "the hold")
-            await pilot.pause(0.2)
+            await settle(pilot)
             line = _text(screen, "#sweep-run")
             # Time left is fitted to the level done: 2 rounds at 2 users, 1 at 4 users.
             assert line.startswith("level 2 of 3 · 2 users · "), line
