@@ -29,14 +29,16 @@ from roofline.step_perf import RequestSlice, StepModel
 from tui.app import KvscopeApp
 from tui.roofline_figure import (
     ABOVE_MARK,
+    FOCUS_MARK,
     NO_PERF_WORDS,
     ROOF_ROLE,
     Roofs,
     remote_no_perf_words,
     roofline_figure,
+    roofline_key,
     roofline_title,
 )
-from tui.telemetry.buffers import Telemetry
+from tui.telemetry.buffers import PerfPoint, Telemetry
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import COUNTS_MISSING_WORDS
 
@@ -57,18 +59,23 @@ def _app(pilot: Pilot[int]) -> KvscopeApp:
     return app
 
 
-async def _prompt_and_decode(pilot: Pilot[int]) -> None:
-    """A 512-token synthetic prompt and its 16 decode steps, then F8 (the roofline)."""
+async def _send(pilot: Pilot[int], prompt: int) -> None:
+    """A synthetic prompt of `prompt` tokens and its OUTPUT tokens, to the reply's end."""
     from textual.widgets import Input
 
-    await engine_ready(pilot)
     main = _app(pilot).main_screen
     main.controls.query_one("#max-tokens", Input).value = str(OUTPUT)
     main.controls.synthetic = True
-    main.controls.slider.value = PROMPT
+    main.controls.slider.value = prompt
     await pilot.pause()
     await main.send("", synthetic=True)
     await reply_done(pilot)
+
+
+async def _prompt_and_decode(pilot: Pilot[int]) -> None:
+    """A 512-token synthetic prompt and its 16 decode steps, then F8 (the roofline)."""
+    await engine_ready(pilot)
+    await _send(pilot, PROMPT)
     await pilot.press("f8")
     await settle(pilot)
 
@@ -113,8 +120,9 @@ def _drawn(figure: Figure) -> list[tuple[str, float, float]]:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_roofline_after_a_512_token_prompt_and_its_decode(snap_compare, size) -> None:  # type: ignore[no-untyped-def]
-    # The prefill ■ right of the ridge, under the flat roof; the decode ● far left on the
-    # slope; the key names both and the roofs; the title the fake's set machine.
+    # The prefill right of the ridge, under the flat roof; the decode far left on the
+    # slope; all of them ◉, the reply in focus (r1's 16 steps), in their kinds' colours;
+    # the key names both kinds, the reply and the roofs; the title the fake's set machine.
     assert snap_compare(make_app(), terminal_size=size, run_before=_prompt_and_decode)
 
 
@@ -232,6 +240,83 @@ def test_a_mixed_step_has_its_own_mark_and_old_steps_fade() -> None:
     roles = {(s.marker, s.role) for s in figure.series if s.kind == "scatter"}
     # The newer step bright in the mixed colour; the one 10 s older dim, same glyph.
     assert roles == {("◆", "p90"), ("◆", "axes")}
+
+
+# -- one chat reply's steps picked out ---------------------------------------------------------
+
+
+def _positions(figure: Figure, marker: str) -> set[tuple[float, float]]:
+    """Where the figure draws `marker`, in its own (log10) coordinates."""
+    return {
+        (x, y)
+        for s in figure.series
+        if s.kind == "scatter" and s.marker == marker
+        for x, y in zip(s.xs, s.ys, strict=True)
+    }
+
+
+async def test_the_followed_replys_steps_are_picked_out_on_the_panel() -> None:
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        # Two replies of different prompts: their steps land apart on the plot.
+        await _send(pilot, PROMPT)
+        await _send(pilot, 128)
+        await pilot.press("f8")
+        await settle(pilot)
+        tel = app.telemetry
+        panel = app.main_screen.engine_panel
+        box = panel.query_one("#roofline-box")
+        plot = panel.query_one("#roofline-plot", Plot)
+        points = list(tel.perf_points)
+        first = [p for p in points if "r1" in p.requests]
+        second = [p for p in points if "r2" in p.requests]
+        # Each ran alone: 1 prefill step (its first token with it) and 15 decode steps.
+        assert len(first) == len(second) == OUTPUT and len(points) == 2 * OUTPUT
+
+        def drawn(marker: str) -> set[tuple[float, float]]:
+            figure = plot._figure
+            assert figure is not None
+            return _positions(figure, marker)
+
+        def at(steps: list[PerfPoint]) -> set[tuple[float, float]]:
+            return {(math.log10(p.intensity), math.log10(p.flops_per_s)) for p in steps}
+
+        def picked_out(reply: list[PerfPoint], other: list[PerfPoint]) -> None:
+            # Every ◉ is one of the reply's steps (one a plot cell: decode steps share
+            # cells), its prefill among them; the other reply's prefill stays a ■.
+            assert drawn(FOCUS_MARK) and drawn(FOCUS_MARK) <= at(reply)
+            assert at(reply[:1]) <= drawn(FOCUS_MARK)
+            assert at(other[:1]) <= drawn("■") and not at(other) & drawn(FOCUS_MARK)
+
+        # The latest reply is the one followed: its steps are ◉, the first's are not.
+        assert tel.itl_request == "r2"
+        assert f"{FOCUS_MARK} r2's {OUTPUT} steps" in str(box.border_subtitle)
+        picked_out(second, first)
+        # Following the first reply, as the app does for the reply it tracks (the ITL
+        # plot's, the `w` line's and the timeline's), moves the highlight to it.
+        tel.track_request("r1")
+        await settle(pilot)
+        assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in str(box.border_subtitle)
+        assert "r2" not in str(box.border_subtitle)
+        picked_out(first, second)
+
+
+def test_the_reply_in_focus_is_drawn_over_the_rest_and_named_in_the_key() -> None:
+    tel = _telemetry(_samples())
+    figure, summary = roofline_figure(tel.perf_points, ROOFS, 100, 20, focus="r1")
+    assert figure is not None
+    assert (summary.focus, summary.focus_steps) == ("r1", OUTPUT)
+    # In their kinds' colours, never dim, over the other steps (drawn after them).
+    scatter = [s for s in figure.series if s.kind == "scatter"]
+    assert {s.role for s in scatter if s.marker == FOCUS_MARK} == {"series", "series-alt"}
+    assert scatter[-1].marker == FOCUS_MARK
+    assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in roofline_key(summary)
+    # A reply with no counted step is said in words; none in focus, nothing said.
+    _, none = roofline_figure(tel.perf_points, ROOFS, 100, 20, focus="r9", focus_label="…9")
+    assert none.focus_steps == 0 and "no step of …9 counted" in roofline_key(none)
+    _, plain = roofline_figure(tel.perf_points, ROOFS, 100, 20)
+    assert FOCUS_MARK not in roofline_key(plain) and "no step" not in roofline_key(plain)
 
 
 # -- attached (--url): one point per scrape window ---------------------------------------------

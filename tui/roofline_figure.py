@@ -46,6 +46,9 @@ KIND_VARS: dict[StepKind, str] = {
     "decode": "$accent",
     "mixed": "$warning",
 }
+FOCUS_MARK = "◉"
+"""The steps of the chat reply in focus (the one the ITL plot and the `w` line follow),
+in their kind's colour, never dim: one reply's prefill and decode picked out of the rest."""
 OLD_ROLE = "axes"
 ROOF_ROLE = "p50"
 ABOVE_ROLE = "marker"
@@ -153,6 +156,17 @@ class RooflineSummary:
     dim: bool = False  # some points drawn dim (older than FRESH_S)
     source: str = ""  # who counted (the newest point's)
     roofs: Roofs | None = None
+    focus: str = ""  # the reply picked out, as the timeline labels it ("" none)
+    focus_steps: int = 0  # its steps drawn as FOCUS_MARK
+
+    def focus_words(self) -> str:
+        """Which reply's steps are picked out and how many ("" when none is in focus)."""
+        if not self.focus:
+            return ""
+        n = self.focus_steps
+        if not n:
+            return f"no step of {self.focus} counted"
+        return f"{FOCUS_MARK} {self.focus}'s {n:,} step{'s' if n != 1 else ''}"
 
     def above_words(self) -> str:
         """The calibration problem in words ("" when every step is under the roofs)."""
@@ -187,12 +201,23 @@ def log_axis(lo: float, hi: float, cells: int) -> Axis:
 
 
 def roofline_figure(
-    points: Iterable[PerfPoint], roofs: Roofs | None, columns: int, rows: int = 10
+    points: Iterable[PerfPoint],
+    roofs: Roofs | None,
+    columns: int,
+    rows: int = 10,
+    *,
+    focus: str | None = None,
+    focus_label: str = "",
 ) -> tuple[Figure | None, RooflineSummary]:
-    """The steps' points under the roofs (None: no point to draw)."""
+    """The steps' points under the roofs (None: no point to draw).
+
+    The steps that ran request `focus` (a chat reply) are drawn as FOCUS_MARK, over the
+    rest; `focus_label` is its name in the key (the timeline's short label).
+    """
+    named = (focus_label or focus) if focus is not None else ""
     shown = [p for p in points if p.intensity > 0 and p.flops_per_s > 0]
     if not shown:
-        return None, RooflineSummary(roofs=roofs)
+        return None, RooflineSummary(roofs=roofs, focus=named)
     newest = max(p.end_s for p in shown)
     xs = [p.intensity for p in shown]
     ys = [p.flops_per_s for p in shown]
@@ -209,6 +234,7 @@ def roofline_figure(
     cell_y = (yaxis.hi - yaxis.lo) / max(rows - 2, 1)
     cells: dict[tuple[str, str, int, int], tuple[float, float]] = {}
     above = 0
+    focused = 0
     dim = False
     kinds: set[StepKind] = set()
     for p in shown:
@@ -218,7 +244,10 @@ def roofline_figure(
             role, mark = ABOVE_ROLE, ABOVE_MARK
         else:
             mark, role = MARKS[p.kind]
-            if newest - p.end_s > FRESH_S:
+            if focus is not None and focus in p.requests:
+                mark = FOCUS_MARK
+                focused += 1
+            elif newest - p.end_s > FRESH_S:
                 role, dim = OLD_ROLE, True
             kinds.add(p.kind)
         key = (role, mark, round((lx - xaxis.lo) / cell_x), round((ly - yaxis.lo) / cell_y))
@@ -236,12 +265,19 @@ def roofline_figure(
         series.append(Series((slope[0], ridge, xaxis.hi), (slope[1], peak, peak), ROOF_ROLE))
         rules.append(Rule(ridge, OLD_ROLE, vertical=True))
         notes.append(Note(ridge, peak - cell_y, "ridge", OLD_ROLE))
-    # Dim first, then bright, then the ones above a roof: the newest steps are on top.
-    order = {OLD_ROLE: 0, ABOVE_ROLE: 2}
+
+    # Dim first, then bright, then the reply in focus, then the ones above a roof: the
+    # newest steps are on top, and the picked-out reply over them.
+    def layer(group: tuple[tuple[str, str], object]) -> int:
+        role, mark = group[0]
+        if role == ABOVE_ROLE:
+            return 3
+        return 2 if mark == FOCUS_MARK else 0 if role == OLD_ROLE else 1
+
     groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for (role, mark, _, _), xy in cells.items():
         groups.setdefault((role, mark), []).append(xy)
-    for (role, mark), at in sorted(groups.items(), key=lambda g: order.get(g[0][0], 1)):
+    for (role, mark), at in sorted(groups.items(), key=layer):
         series.append(
             Series(
                 tuple(x for x, _ in at),
@@ -258,6 +294,8 @@ def roofline_figure(
         dim=dim,
         source=max(shown, key=lambda p: p.end_s).source,
         roofs=roofs,
+        focus=named,
+        focus_steps=focused,
     )
     # The frame says how to read the plot, or, before anything else, that it is wrong.
     label = summary.above_words() or (f"log-log · {roofs.words()}" if roofs else "log-log")
@@ -295,6 +333,8 @@ def roofline_key(summary: RooflineSummary, unknown: str = "", *, windows: bool =
     roofs are not known, why (`unknown`). Attached (`windows`), it says first that each
     point is a scrape window (a window's kind is what its requests ran in it)."""
     entries = [f"[{KIND_VARS[k]}]{MARKS[k][0]}[/] {k}" for k in summary.kinds]
+    if summary.focus:
+        entries.append(summary.focus_words())
     if summary.above:
         entries.append(f"[$error]{ABOVE_MARK}[/] above a roof")
     if summary.roofs is not None:

@@ -37,6 +37,7 @@ from tui.widgets.kv_block_map import KvBlockMap
 from tui.widgets.latency_box import LatencyBox
 from tui.widgets.plot import Plot
 from tui.widgets.remote_state import RemoteStateView
+from tui.widgets.request_timeline import LABEL_MAX, short_labels
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -386,16 +387,22 @@ class EnginePanel(Vertical):
         # Attached, a point is a scrape window's counter growth, never one step.
         windows = self.remote
         uncounted = tel.uncounted > 0
-        key = (tel.perf_version, roofs, windows, uncounted, plot.content_size)
+        # The chat reply whose steps are picked out: the one the ITL plot, the `w` line and
+        # the timeline follow (every send makes its reply the one). A window is no step.
+        focus = None if windows else tel.itl_request
+        key = (tel.perf_version, roofs, windows, uncounted, plot.content_size, focus)
         if changed("roofline", key):
             known = roofs if isinstance(roofs, Roofs) else None
             width, height = plot.content_size
-            figure, summary = roofline_figure(tel.perf_points, known, width, height)
+            label = short_labels([focus], LABEL_MAX)[0] if focus is not None else ""
+            figure, summary = roofline_figure(
+                tel.perf_points, known, width, height, focus=focus, focus_label=label
+            )
             placeholder = remote_no_perf_words(uncounted) if windows else NO_PERF_WORDS
             if plot.placeholder != placeholder:
                 plot.placeholder = placeholder
                 plot.refresh()
-            plot.set_figure(figure, (tel.perf_version, roofs))
+            plot.set_figure(figure, (tel.perf_version, roofs, focus))
             why = roofs if isinstance(roofs, str) else ""
             retitle(
                 self.query_one("#roofline-box"),
