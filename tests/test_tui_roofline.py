@@ -35,7 +35,6 @@ from tui.roofline_figure import (
     Roofs,
     remote_no_perf_words,
     roofline_figure,
-    roofline_key,
     roofline_title,
 )
 from tui.telemetry.buffers import PerfPoint, Telemetry
@@ -291,18 +290,18 @@ async def test_the_followed_replys_steps_are_picked_out_on_the_panel() -> None:
 
         # The latest reply is the one followed: its steps are ◉, the first's are not.
         assert tel.itl_request == "r2"
-        assert f"{FOCUS_MARK} r2's {OUTPUT} steps" in str(box.border_subtitle)
+        assert f"{FOCUS_MARK} r2's {OUTPUT} steps" in str(box.border_title)
         picked_out(second, first)
         # Following the first reply, as the app does for the reply it tracks (the ITL
         # plot's, the `w` line's and the timeline's), moves the highlight to it.
         tel.track_request("r1")
         await settle(pilot)
-        assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in str(box.border_subtitle)
-        assert "r2" not in str(box.border_subtitle)
+        assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in str(box.border_title)
+        assert "r2" not in str(box.border_title)
         picked_out(first, second)
 
 
-def test_the_reply_in_focus_is_drawn_over_the_rest_and_named_in_the_key() -> None:
+def test_the_reply_in_focus_is_drawn_over_the_rest_and_named_in_the_title() -> None:
     tel = _telemetry(_samples())
     figure, summary = roofline_figure(tel.perf_points, ROOFS, 100, 20, focus="r1")
     assert figure is not None
@@ -311,12 +310,14 @@ def test_the_reply_in_focus_is_drawn_over_the_rest_and_named_in_the_key() -> Non
     scatter = [s for s in figure.series if s.kind == "scatter"]
     assert {s.role for s in scatter if s.marker == FOCUS_MARK} == {"series", "series-alt"}
     assert scatter[-1].marker == FOCUS_MARK
-    assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in roofline_key(summary)
+    assert f"{FOCUS_MARK} r1's {OUTPUT} steps" in roofline_title(summary)
+    # Its words fit the box at 160x48 (58 columns, less its corners and padding).
+    assert len(roofline_title(summary)) <= 54, roofline_title(summary)
     # A reply with no counted step is said in words; none in focus, nothing said.
     _, none = roofline_figure(tel.perf_points, ROOFS, 100, 20, focus="r9", focus_label="…9")
-    assert none.focus_steps == 0 and "no step of …9 counted" in roofline_key(none)
+    assert none.focus_steps == 0 and "no step of …9 counted" in roofline_title(none)
     _, plain = roofline_figure(tel.perf_points, ROOFS, 100, 20)
-    assert FOCUS_MARK not in roofline_key(plain) and "no step" not in roofline_key(plain)
+    assert FOCUS_MARK not in roofline_title(plain) and "no step" not in roofline_title(plain)
 
 
 # -- attached (--url): one point per scrape window ---------------------------------------------

@@ -320,9 +320,13 @@ def roofline_title(summary: RooflineSummary, *, windows: bool = False) -> str:
         title = f"Roofline: {n:,} scrape window{'s' if n != 1 else ''}, not steps"
         title += f" ({summary.source})"
         return title + (f" · {summary.above_words()}" if summary.above else "")
-    title = "Roofline: FLOP/s vs FLOP/byte"
+    # With a reply in focus, its words take the axes' place: the box is 58 columns wide
+    # at 160x48, and the key has no room left for them beside the roofs' name.
+    title = "Roofline" if summary.focus else "Roofline: FLOP/s vs FLOP/byte"
     if summary.steps:
         title += f" · {summary.steps:,} steps ({summary.source})"
+    if summary.focus:
+        title += f" · {summary.focus_words()}"
     if summary.above:
         title += f" · {summary.above_words()}"
     return title
@@ -333,8 +337,6 @@ def roofline_key(summary: RooflineSummary, unknown: str = "", *, windows: bool =
     roofs are not known, why (`unknown`). Attached (`windows`), it says first that each
     point is a scrape window (a window's kind is what its requests ran in it)."""
     entries = [f"[{KIND_VARS[k]}]{MARKS[k][0]}[/] {k}" for k in summary.kinds]
-    if summary.focus:
-        entries.append(summary.focus_words())
     if summary.above:
         entries.append(f"[$error]{ABOVE_MARK}[/] above a roof")
     if summary.roofs is not None:

@@ -68,7 +68,7 @@ queue time taken off; a reply measured while the host was busy is hollow and dim
 arithmetic intensity (FLOPs per byte it moved), y the FLOP/s it achieved, both on log
 scales; ■ prefill, ● decode, ◆ both in one step; the last 5 s bright, older steps dim.
 The steps of the reply the ITL plot follows (the latest you sent) are ◉, in their kind's
-colour, and the key says which reply and how many of its steps it draws (◉ r3's 17 steps).
+colour, and the title says which reply and how many of its steps it draws (◉ r3's 17 steps).
 Under the slope a step is memory-bound: it waits on bytes, as decode does, reading every
 weight for one token per request. Under the flat roof it is compute-bound, as a long
 prompt's prefill is. The ridge is where the two roofs meet: more users move decode right,
