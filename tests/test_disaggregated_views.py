@@ -216,3 +216,19 @@ async def test_a_prefill_server_that_dies_mid_prefill_is_said_and_decode_never_a
     assert words.startswith(f"Connection to {P_URL} lost after 0 tokens (peer closed connection; ")
     assert "it is the prefill server (prefill), so nothing was sent to the decode server" in words
     assert not asked
+
+
+def test_a_pair_that_does_not_start_names_the_server_by_role_and_the_other_ones_state() -> None:
+    """Both servers down: the decode server (attached first) is named by its role, and the
+    words say the prefill server does not answer either, so a user fixes both at once."""
+    from engine.errors import ServerUnreachable
+
+    args = _flags(prefill=P_URL, decode=D_URL)
+    check_replicas(args)
+    fleet = make_fleet(args, make_remote(args, []))
+    with pytest.raises(ServerUnreachable) as down:
+        fleet.start()
+    words = down.value.plain()
+    assert down.value.url == D_URL, words
+    assert "it is the decode server (decode) of the prefill/decode pair" in words, words
+    assert f"the prefill server at {P_URL} does not answer either" in words, words

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from engine.errors import ConnectionLost, ServerUnreachable
 from engine.events import HandOff, RequestFinished
 from engine.fleet.attribution import Attribution
@@ -38,7 +40,7 @@ from engine.remote.streaming import server_timings
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
 
-    from engine.events import EngineEvent, GenerationRequest
+    from engine.events import EngineEvent, GenerationRequest, ModelCard, ProgressCallback
     from engine.remote import RemoteEngine
     from engine.remote.engine import WholeAnswer
 
@@ -105,6 +107,18 @@ class DecodeCounters:
         )
 
 
+PROBE_TIMEOUT_S = 2.0  # a refused connection answers at once; this is for a silent host
+
+
+def _answers(url: str) -> bool:
+    """Whether any HTTP server answers at `url` (any status: it is up)."""
+    try:
+        httpx.get(url.rstrip("/") + "/v1/models", timeout=PROBE_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 class DisaggregatedEngine(RoundRobinEngine):
     """Every request's prefill on `prefill`, then its decode on `decode` (named replicas).
 
@@ -121,6 +135,21 @@ class DisaggregatedEngine(RoundRobinEngine):
         self._in_flight = 0
         self._started = 0
         self._count_lock = threading.Lock()
+
+    def start(self, progress: ProgressCallback | None = None) -> ModelCard:
+        """Attach to both servers (the decode server first); one that does not answer is
+        named by its role, and whether the other answers: with both down, both are said."""
+        try:
+            return super().start(progress)
+        except ServerUnreachable as exc:
+            if exc.url == self.decode.url:
+                down, other = f"the decode server ({self.decode_name})", self.prefill.url
+                state = "answers" if _answers(other) else "does not answer either"
+            else:  # the decode server was attached before it
+                down, other, state = f"the prefill server ({self.prefill_name})", "", ""
+            words = f"{exc.detail}; it is {down} of the prefill/decode pair"
+            words += f", and the prefill server at {other} {state}" if other else ""
+            raise ServerUnreachable(exc.url, words) from None
 
     def pick(self) -> str:
         return self.decode_name
