@@ -8,7 +8,6 @@ prefill server's kill last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -20,6 +19,7 @@ import pytest
 from cli_helpers import run_kvscope
 from real_pd import RealPair, running_pair
 from remote_server import model_dir
+from test_disaggregated_views import _flags as attach_flags
 
 from bench.records import request_record
 from cli.attach import check_replicas, make_fleet, make_remote
@@ -28,7 +28,6 @@ from engine.events import GenerationRequest, RequestFinished, SamplingSettings, 
 from engine.fleet.disaggregated import DisaggregatedEngine
 from engine.model_geometry import read_attention_geometry
 from engine.remote import RemoteEngine
-from engine.remote.timeouts import DEFAULT_TIMEOUTS
 from tui.widgets.reply_footer import anatomy_fields, footer_fields
 
 if TYPE_CHECKING:
@@ -51,27 +50,10 @@ def pair() -> Iterator[RealPair]:
         yield p
 
 
-def _flags(pair: RealPair) -> argparse.Namespace:
-    """What `--prefill URL --decode URL` parse to: the attach flags' defaults and those."""
-    return argparse.Namespace(
-        url=None,
-        prefill=pair.prefill.url,
-        decode=pair.decode.url,
-        replica=[],
-        replica_kv_events=[],
-        router_metrics=None,
-        kv_events="off",
-        api_key=None,
-        served_model_name=None,
-        timeout=DEFAULT_TIMEOUTS,
-        tokenizer=None,
-    )
-
-
 @pytest.fixture(scope="module")
 def pd(pair: RealPair) -> Iterator[FleetEngine]:
     """kvscope attached as `--prefill URL --decode URL`, as the CLI builds it."""
-    args = _flags(pair)
+    args = attach_flags(prefill=pair.prefill.url, decode=pair.decode.url)
     check_replicas(args)
     engine = make_fleet(args, make_remote(args, []))
     engine.start()
