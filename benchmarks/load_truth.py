@@ -122,7 +122,7 @@ class MockProcess:
 
 def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, float] | str:
     from bench.load_result import LoadConfig
-    from bench.load_runner import run_load
+    from bench.load_runner import LoadTick, run_load
     from engine.remote.engine import RemoteEngine
 
     engine = RemoteEngine(url, kv_events=None)
@@ -136,9 +136,17 @@ def kvscope_round(url: str, users: int, output: int, prompts: int) -> dict[str, 
             num_prompts=prompts,
             warmup=0,
         )
-        cpu = time.process_time()
-        (point,) = asyncio.run(run_load(engine, config)).points
-        cpu = time.process_time() - cpu  # every thread of this process: the client's own
+        # The CPU of every thread of this process (the client's own), from the first
+        # request sent to the result: as `vllm bench serve`'s is read (vllm_round), with
+        # the prompts made before it left out.
+        began: list[float] = []
+
+        def first_send(_tick: LoadTick) -> None:
+            if not began:
+                began.append(time.process_time())
+
+        (point,) = asyncio.run(run_load(engine, config, on_progress=first_send)).points
+        cpu = time.process_time() - began[0]
     finally:
         engine.shutdown()
     if point.completed < prompts:

@@ -64,6 +64,7 @@ from engine.remote.client import (
     auth_headers,
     describe,
     error_message,
+    json_value,
     parse_server_url,
     parse_too_long,
     resolve_api_key,
@@ -129,6 +130,40 @@ class _Live(LiveRequest):
         if type(item) is not TokenEvent:  # a token never ends a request: once a token,
             self.sent(item)  # its isinstance check was 3 % of the IO thread's CPU
         self.relay.put(self.queue, item)
+
+
+class _ReplyReader:
+    """One streamed reply, read by read on the IO loop: its SSE events, their JSON, and
+    the events that come of them handed to the consumer, each with the time its read
+    arrived. `on_read` says True once the reply's `[DONE]` came."""
+
+    def __init__(
+        self, live: _Live, reply: ReplyAssembler, between_chunks_s: float, watch: ServerWatch
+    ) -> None:
+        self.live, self.reply, self.watch = live, reply, watch
+        self.timer: Watchdog | None = None  # the request's, once it is sent
+        self.between_chunks_s = between_chunks_s
+        self.decoder = SseDecoder()
+        self.reads = 0  # a stall after the first is one "between chunks"
+
+    def on_read(self, raw: bytes, arrived: float) -> bool:
+        self.reads += 1
+        if self.timer is not None:
+            self.timer.reschedule(self.between_chunks_s)
+        live, reply = self.live, self.reply
+        for data in self.decoder.feed(raw):
+            if data[:1] != "{" and data.strip() == "[DONE]":  # a chunk is an object
+                # Said before the finish is handed on: whoever reads the finish may ask
+                # at once (a race seen under a busy loop).
+                self.watch.server_timings = reply.metrics is not None
+                live.put_threadsafe(reply.finish(time.perf_counter()))
+                return True
+            chunk = json_value(data)
+            if not isinstance(chunk, dict):
+                raise TypeError(f"a chunk of type {type(chunk).__name__}, not an object")
+            for event in reply.on_chunk(chunk, arrived):
+                live.put_threadsafe(event)
+        return False
 
 
 class RemoteEngine:
@@ -436,14 +471,22 @@ class RemoteEngine:
         disaggregated prefill: engine/fleet/disaggregated.py). `extra_body`: fields added to
         the request's JSON (vLLM's `kv_transfer_params`)."""
         began = time.perf_counter() if submitted_at is None else submitted_at
-        return self._stream(request, began, extra_body)
 
-    async def _stream(
+        def submit() -> _Live:
+            return self._submit(request, began, extra_body)
+
+        # The book's own generator, with no second one around it: a layer costs a
+        # generator step per token, hundreds of streams at once.
+        return self._book.stream(request.request_id, submit, self.abort)
+
+    def _submit(
         self,
         request: GenerationRequest,
         submitted_at: float,
-        extra_body: Mapping[str, Any] | None = None,
-    ) -> AsyncIterator[EngineEvent]:
+        extra_body: Mapping[str, Any] | None,
+    ) -> _Live:
+        """On the consumer's loop, once the request ID is claimed: the request checked and
+        sent to the IO loop. Raises EngineDied (not attached) or PromptTooLong."""
         loop = self._loop
         card = self._card
         if loop is None or card is None:
@@ -453,25 +496,19 @@ class RemoteEngine:
             # The server's rule, checked here: it costs no round trip.
             check_prompt_length(len(ids), card.max_model_len)
         rid = request.request_id
-        times = RequestTimes(rid, submitted_at)
         consumer = asyncio.get_running_loop()
         live = _Live(
             request,
-            times,
+            RequestTimes(rid, submitted_at),
             loop=consumer,
             session_id=self.session_id,
             relay=self._relay(consumer),
             extra_body=extra_body,
         )
-
-        def submit() -> _Live:
-            with self._lock:
-                self._sessions[rid] = live.session_id
-            live.future = asyncio.run_coroutine_threadsafe(self._run(live), loop)
-            return live
-
-        async for event in self._book.stream(rid, submit, self.abort):
-            yield event
+        with self._lock:
+            self._sessions[rid] = live.session_id
+        live.future = asyncio.run_coroutine_threadsafe(self._run(live), loop)
+        return live
 
     def _relay(self, consumer: asyncio.AbstractEventLoop) -> Relay:
         with self._lock:
@@ -544,7 +581,7 @@ class RemoteEngine:
         http, lean = self._http, self._lean
         assert http is not None
         limits = self.timeouts
-        waiting: Wait = "first byte"
+        reader = _ReplyReader(live, reply, limits.between_chunks_s, self._watch)
         answered = False
         try:
             async with (
@@ -557,31 +594,24 @@ class RemoteEngine:
                 accepted = reply.accept()  # token prompts: the length is known already
                 if accepted is not None:
                     live.put_threadsafe(accepted)
-                decoder = SseDecoder()
-                # Closed here, not when collected: by then the IO loop may be gone. (It is
-                # an async generator; httpx's annotation says only AsyncIterator.)
+                reader.timer = timer
+                on_read = reader.on_read
                 # A body with no Content-Encoding (vLLM's) is read raw: no decoder layer.
                 plain = response.headers.get("content-encoding", "identity") == "identity"
-                data_in = response.aiter_raw() if plain else response.aiter_bytes()
-                reads = cast("AsyncGenerator[bytes, None]", data_in)
-                async with contextlib.aclosing(reads) as chunks:
-                    async for raw in chunks:
-                        arrived = time.perf_counter()  # one time for all of this read
-                        waiting = "between chunks"
-                        timer.reschedule(limits.between_chunks_s)
-                        for data in decoder.feed(raw):
-                            if data.strip() == "[DONE]":
-                                # Said before the finish is handed on: whoever reads the
-                                # finish may ask at once (a race seen under a busy loop).
-                                self._watch.server_timings = reply.metrics is not None
-                                live.put_threadsafe(reply.finish(time.perf_counter()))
+                if plain and isinstance(response, LeanAnswer):
+                    # Each read handed on where it arrives: no task woken per token.
+                    if await response.deliver(on_read):
+                        return
+                else:
+                    # Closed here, not when collected: by then the IO loop may be gone.
+                    # (It is an async generator; httpx's annotation says only
+                    # AsyncIterator.)
+                    data_in = response.aiter_raw() if plain else response.aiter_bytes()
+                    reads = cast("AsyncGenerator[bytes, None]", data_in)
+                    async with contextlib.aclosing(reads) as chunks:
+                        async for raw in chunks:
+                            if on_read(raw, time.perf_counter()):  # one time for the read
                                 return
-                            chunk = json.loads(data)
-                            if not isinstance(chunk, dict):
-                                kind = type(chunk).__name__
-                                raise TypeError(f"a chunk of type {kind}, not an object")
-                            for event in reply.on_chunk(chunk, arrived):
-                                live.put_threadsafe(event)
             if reply.finished_by_server:
                 live.put_threadsafe(reply.finish(time.perf_counter()))
                 return
@@ -593,6 +623,7 @@ class RemoteEngine:
                 live.put_threadsafe(reply.finish(time.perf_counter(), "abort"))
             raise
         except TimeoutError:
+            waiting: Wait = "between chunks" if reader.reads else "first byte"
             live.put_threadsafe(
                 ServerStalled(self.url, waiting, limits.limit(waiting), reply.tokens)
             )

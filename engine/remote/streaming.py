@@ -111,7 +111,8 @@ class ReplyAssembler:
         return RequestAccepted(self.request_id, self.prompt_tokens, self.submitted_at)
 
     def on_chunk(self, chunk: dict[str, Any], arrived: float) -> list[EngineEvent]:
-        # Once a chunk, hundreds of streams at once: each key is looked up once.
+        # Once a chunk, hundreds of streams at once: each key is looked up once, and a
+        # token's chunk (one choice, prompt length known) takes the shortest way through.
         choices = chunk.get("choices")
         if not choices and "error" in chunk:
             err = chunk["error"]
@@ -121,22 +122,22 @@ class ReplyAssembler:
         out: list[EngineEvent] = []
         first = choices[0] if choices else None
         choice: dict[str, Any] = first if isinstance(first, dict) else {}
+        usage = chunk.get("usage")
+        metrics = chunk.get("metrics")
         if self.prompt_tokens is None:
             prompt_ids = chunk.get("prompt_token_ids") or choice.get("prompt_token_ids")
             if isinstance(prompt_ids, list):
                 self.prompt_tokens = len(prompt_ids)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-            if self.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
+            elif isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
                 self.prompt_tokens = int(usage["prompt_tokens"])
-        metrics = chunk.get("metrics")
-        if metrics is not None:
-            self.metrics = metrics
         if not self.accepted:
             accepted = self.accept()
             if accepted is not None:
                 out.append(accepted)
+        if isinstance(usage, dict):
+            self.usage = usage
+        if metrics is not None:
+            self.metrics = metrics
         if not choice:
             return out
         delta = choice.get("delta")
@@ -147,8 +148,13 @@ class ReplyAssembler:
             text, bad = well_formed(text)
             self.replaced += bad
         ids = choice.get("token_ids")
-        token_ids = tuple(map(int, ids)) if isinstance(ids, list) else ()
-        count = len(token_ids) if ids is not None else (1 if text else 0)
+        if type(ids) is list:
+            # One ID, already a whole number, as nearly every chunk has: no map().
+            token_ids = (ids[0],) if len(ids) == 1 and type(ids[0]) is int else tuple(map(int, ids))
+            count = len(token_ids)
+        else:  # no IDs: a token if it has text; IDs that are not a list: none
+            token_ids = ()
+            count = 1 if text and ids is None else 0
         if count:
             if not self.accepted:
                 # No prompt length came with the first tokens: accept with 0 (unknown).
