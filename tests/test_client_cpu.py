@@ -306,3 +306,22 @@ def test_sse_reads_in_any_split_give_what_a_byte_at_a_time_gives() -> None:
     # whole events, one a read, as a token's read nearly always is
     decoder = SseDecoder()
     assert [p for e in events for p in decoder.feed(e + b"\n\n")] == want
+
+
+def test_the_sustained_rate_is_the_highest_level_within_1_ms() -> None:
+    from benchmarks.load_truth import Round, sustained
+
+    def rounds(who: str, itl_ms: float, rate: float) -> list[Round]:
+        figures = {"median_itl_ms": itl_ms, "output_throughput": rate, "cpu_us_per_token": 40.0}
+        return [Round(who, figures, "", {})]
+
+    levels = {
+        64: rounds("kvscope", 40.3, 1_600.0) + rounds("vllm bench serve", 42.0, 1_500.0),
+        256: rounds("kvscope", 40.8, 6_000.0) + rounds("vllm bench serve", 41.5, 5_800.0),
+        512: rounds("kvscope", 38.5, 9_000.0),  # faster, but 1.5 ms early: not within
+        1024: rounds("kvscope", 43.0, 20_000.0),  # 3 ms late: not within
+    }
+    mine, vllm = sustained(levels, itl_ms=40.0)
+    assert mine.startswith("kvscope: 6,000 tokens/s at 256 streams, median ITL error +0.80 ms")
+    assert "(0.24 cores)" in mine
+    assert vllm == "vllm bench serve: no level kept its median ITL within 1 ms"
