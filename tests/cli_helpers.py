@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
+
+from kvscope_zygote import ForkedRun, fresh_reason
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -31,6 +33,14 @@ def own_core_env() -> dict[str, str]:
     """
     cores = sorted(os.sched_getaffinity(0))
     return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])} if len(cores) > 1 else {}
+
+
+def command_env(**extra: str) -> dict[str, str]:
+    """The environment a test gives a `kvscope` run: this one, quiet torch logging, the
+    last core (`own_core_env`), no debug output; `extra` on top."""
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **own_core_env(), **extra}
+    env.pop("KVSCOPE_DEBUG", None)
+    return env
 
 
 def one_line(err: str, *says: str, besides: tuple[str, ...] = ()) -> str:
@@ -62,12 +72,34 @@ def assert_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
     raise AssertionError(f"processes of group {pgid} outlived kvscope")
 
 
+class KvscopeProcess(Protocol):
+    """What the tests use of a `kvscope` run: subprocess.Popen's, or a zygote's fork's."""
+
+    pid: int
+    returncode: int | None
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+    def communicate(
+        self, input: bytes | None = None, timeout: float | None = None
+    ) -> tuple[bytes, bytes]: ...
+
+
 def start_kvscope(
     *args: str, env: dict[str, str], stdin: bool = False, prefix: Sequence[str] = ()
-) -> subprocess.Popen[bytes]:
+) -> KvscopeProcess:
     """`kvscope ARGS` (after `prefix`, a wrapper such as `unshare`) from the repository
     root, in a session of its own (its own process group, to look for leftovers), with
-    stdout and stderr piped; stdin piped too with `stdin`, else /dev/null."""
+    stdout and stderr piped; stdin piped too with `stdin`, else /dev/null.
+
+    Forked from the worker's zygote (tests/kvscope_zygote.py: vLLM already imported)
+    where that runs the same command as a fresh process would; else a fresh process."""
+    if not fresh_reason(env, bool(prefix), " ".join(args)):
+        return ForkedRun([KVSCOPE, *args], env, ROOT, stdin)
     return subprocess.Popen(
         [*prefix, KVSCOPE, *args],
         cwd=ROOT,
@@ -80,7 +112,7 @@ def start_kvscope(
 
 
 def finish_in_group(
-    proc: subprocess.Popen[bytes], timeout: float, stdin: bytes | None = None
+    proc: KvscopeProcess, timeout: float, stdin: bytes | None = None
 ) -> tuple[bytes, bytes]:
     """What a `start_kvscope` process wrote, once it exited. One still running after
     `timeout` has its group killed (and subprocess.TimeoutExpired raised); then nothing
@@ -105,6 +137,8 @@ def run_kvscope(
     """`start_kvscope`, then `finish_in_group`: the run, its output decoded."""
     proc = start_kvscope(*args, env=env, stdin=stdin is not None, prefix=prefix)
     out, err = finish_in_group(proc, timeout, stdin)
+    argv = [*prefix, KVSCOPE, *args]
+    code = proc.wait()  # it has ended: finish_in_group waited
     return subprocess.CompletedProcess(
-        proc.args, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+        argv, code, out.decode(errors="replace"), err.decode(errors="replace")
     )

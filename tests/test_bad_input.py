@@ -600,8 +600,8 @@ class Running:
     def finish(self) -> subprocess.CompletedProcess[str]:
         out, err = finish_in_group(self.proc, 180)
         return subprocess.CompletedProcess(
-            self.proc.args,
-            self.proc.returncode,
+            ["kvscope", "generate"],
+            self.proc.wait(),
             out.decode(errors="replace"),
             (self.stderr + err).decode(errors="replace"),
         )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from cli_helpers import KVSCOPE, own_core_env
+from cli_helpers import KVSCOPE, command_env, run_kvscope
 from session_engine import TEST_DTYPE, TEST_DTYPE_BYTES
 
 from bench.sweep import run_sweep
@@ -177,13 +176,10 @@ def test_the_closing_sentence_says_what_the_numbers_show(
 
 
 def test_compare_names_the_config_with_a_bad_flag() -> None:
-    out = subprocess.run(
-        [KVSCOPE, "bench", "--compare", "--max-num-batched-tokens 256", "--no-such-flag 3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_kvscope(
+        "bench", "--compare", "--max-num-batched-tokens 256", "--no-such-flag 3",
+        env=command_env(), timeout=120,
+    )  # fmt: skip
     assert out.returncode == 1, out.stderr
     assert "Traceback" not in out.stderr
     lines = [x for x in out.stderr.splitlines() if x.startswith("kvscope:")]
@@ -195,15 +191,11 @@ def test_compare_names_the_config_with_a_bad_flag() -> None:
 @pytest.mark.own_engine
 def test_compare_runs_both_configs_and_prints_the_ratios(tmp_path: Path) -> None:
     out_json = tmp_path / "ab.json"
-    out = subprocess.run(
-        [
-            KVSCOPE, "bench", "--prompt-lens", "16,256", "--runs", "1", "--output-len", "4",
-            "--warmup", "0", "--max-model-len", "1024", "--dtype", TEST_DTYPE,
-            "--compare", "--max-num-batched-tokens 64", "--max-num-batched-tokens 256",
-            "--json", str(out_json),
-        ],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, **own_core_env()},
+    out = run_kvscope(
+        "bench", "--prompt-lens", "16,256", "--runs", "1", "--output-len", "4",
+        "--warmup", "0", "--max-model-len", "1024", "--dtype", TEST_DTYPE,
+        "--compare", "--max-num-batched-tokens 64", "--max-num-batched-tokens 256",
+        "--json", str(out_json), env=command_env(), timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "B / A, per prompt length" in out.stdout

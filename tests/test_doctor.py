@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import types
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from cli_helpers import KVSCOPE
+from cli_helpers import command_env, run_kvscope
 
 from cli.doctor import Diagnosis, EnginePlan, HostMemory, diagnose
 from engine.nvml import GpuDevice, GpuView, gpu_processes, gpu_view, nvidia_gpu_count
@@ -35,9 +34,7 @@ EMBEDDED = EnginePlan(
 
 
 def test_doctor_on_this_box_says_the_device_backend_and_scheduling(vllm_engine: Engine) -> None:
-    out = subprocess.run(
-        [KVSCOPE, "doctor"], capture_output=True, text=True, timeout=180, check=False
-    )
+    out = run_kvscope("doctor", env=command_env(), timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     lines = out.stdout.strip().splitlines()

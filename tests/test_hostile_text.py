@@ -56,7 +56,7 @@ def kvscope_bytes(env: dict[str, str], *args: str) -> tuple[int, bytes, str]:
     """The exit code, stdout as bytes (to check it is UTF-8), stderr decoded."""
     proc = start_kvscope(*args, env=env)
     out, err = finish_in_group(proc, HANG_S, None)
-    return proc.returncode, out, err.decode(errors="replace")
+    return proc.wait(), out, err.decode(errors="replace")
 
 
 # -- a lone surrogate in the server's text ------------------------------------------------------

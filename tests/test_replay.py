@@ -203,7 +203,10 @@ asyncio.run(main())
 def test_replay_needs_neither_vllm_nor_torch(fake_tape: Path) -> None:
     tape = read_tape(fake_tape)
     report = run_and_report(
-        NO_ENGINE_SCRIPT.replace("sys.argv[1]", repr(str(fake_tape))), "REPORT", timeout=60
+        NO_ENGINE_SCRIPT.replace("sys.argv[1]", repr(str(fake_tape))),
+        "REPORT",
+        timeout=60,
+        fresh=True,  # a zygote's fork has vLLM imported already
     )
     assert report["loaded"] == []
     assert report["steps"] == len(tape.steps) > 0

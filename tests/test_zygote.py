@@ -1,0 +1,93 @@
+"""The tests' zygote (tests/kvscope_zygote.py) forks what a fresh process would be: the same
+output, exit status, session, folder, environment and signals. Checked against a fresh
+`python -c` of the same script; the zygote here imports only `json`, so the check costs no
+vLLM import (the forks' plumbing is the same whatever was imported)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+from cli_helpers import KvscopeProcess, finish_in_group
+from kvscope_zygote import ForkedRun, Zygote
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+SCRIPT = """
+import json, os, sys
+data = sys.stdin.read()
+print(json.dumps({
+    "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "main": __name__,
+    "leader": os.getsid(0) == os.getpid() == os.getpgid(0), "said": os.environ.get("SAID"),
+    "stdin": data, "fds": sorted(int(f) for f in os.listdir("/proc/self/fd"))[:3],
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Zygote:
+    z = Zygote({**os.environ, "SAID": "zygote"}, preload=("json",))
+    assert not z.unsafe, z.unsafe
+    return z
+
+
+def fresh(code: str, *args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, start_new_session=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_a_fork_runs_a_script_as_a_fresh_python_does(zygote: Zygote, tmp_path: Path) -> None:
+    env = {**zygote.env, "SAID": "this run"}
+    runs: dict[str, KvscopeProcess] = {
+        "fresh": fresh(SCRIPT, "3", env=env, cwd=tmp_path),
+        "forked": ForkedRun(
+            [sys.executable, "-c", SCRIPT, "3"], env, tmp_path, stdin=True, zygote=zygote
+        ),
+    }
+    seen = {}
+    for name, proc in runs.items():
+        out, err = proc.communicate(b"typed\n", timeout=60)
+        seen[name] = (proc.returncode, out, err)
+    assert seen["forked"] == seen["fresh"]
+    code, out, err = seen["forked"]
+    assert code == 3 and err == b"to stderr\n"
+    assert b'"said": "this run"' in out and b'"leader": true' in out and b'"typed\\n"' in out
+
+
+def test_a_signal_to_its_group_ends_it_as_it_ends_a_fresh_one(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    env = dict(zygote.env)
+    runs: dict[str, KvscopeProcess] = {
+        "fresh": fresh(SLEEPER, env=env, cwd=tmp_path),
+        "forked": ForkedRun([sys.executable, "-c", SLEEPER], env, tmp_path, False, zygote),
+    }
+    codes = {}
+    for name, proc in runs.items():
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"up\n"
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        finish_in_group(proc, 30)
+        codes[name] = proc.returncode
+    assert codes["forked"] == codes["fresh"] == -signal.SIGINT  # KeyboardInterrupt's exit
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_group(zygote: Zygote, tmp_path: Path) -> None:
+    proc = ForkedRun([sys.executable, "-c", SLEEPER], dict(zygote.env), tmp_path, False, zygote)
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        finish_in_group(proc, 1.0)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == -signal.SIGKILL
