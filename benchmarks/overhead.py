@@ -279,12 +279,19 @@ async def kvscope_round(
         assert isinstance(last, RequestFinished)
         return last.output_tokens
 
+    # Every real user of the engine listens to its steps (the UI, bench's StepView, a tape):
+    # kvscope's rounds keep theirs as bench does, so the samples' cost counts.
+    samples: list[Any] = []
+    remove = engine.add_step_listener(samples.append)
     cpu = time.thread_time()
     started = time.perf_counter()
-    if case.concurrent:
-        counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    else:
-        counts = [await one(i, p) for i, p in enumerate(prompts)]
+    try:
+        if case.concurrent:
+            counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        else:
+            counts = [await one(i, p) for i, p in enumerate(prompts)]
+    finally:
+        remove()
     return time.perf_counter() - started, sum(counts), started, time.thread_time() - cpu
 
 
@@ -530,8 +537,8 @@ def run_scale(requests: int, blocks_each: int, steps: int) -> None:
             "GPU decode step"
         )
     print(f"incremental / full: {inc[0] / full[0]:.3f}")
-    step_s = 0.025
-    on_thread, consumer, trip = run_scale_tokens(requests, 120, step_s)
+    step_s, python_s = 0.025, 0.002
+    on_thread, consumer, trip, waited = run_scale_tokens(requests, 120, step_s, python_s)
     for who, per_token in (
         ("step thread, token events and hand-off (_hand_out)", on_thread),
         ("consumer, reading them through stream()", consumer),
@@ -542,6 +549,11 @@ def run_scale(requests: int, blocks_each: int, steps: int) -> None:
             f"step of {requests} tokens = {per_step / step_s:.1%} of a {step_s * 1e3:.0f} ms step"
         )
     print(f"scale, hand-off made -> delivered on the consumer's loop: median {trip * 1e3:.3f} ms")
+    print(
+        f"scale, the step thread off the CPU in vLLM's Python ({python_s * 1e3:.0f} ms before "
+        f"and after the device's part, GIL held): median {waited * 1e3:.3f} ms a step "
+        f"= {waited / step_s:.1%} of the step (the GIL the consumer holds, or a core taken)"
+    )
 
 
 class _Completion:
@@ -565,11 +577,15 @@ class _Output:
         self.finished = finished
 
 
-def run_scale_tokens(requests: int, steps: int, step_s: float) -> tuple[float, float, float]:
+def run_scale_tokens(
+    requests: int, steps: int, step_s: float, python_s: float
+) -> tuple[float, float, float, float]:
     """Per-token costs at GPU scale, no engine: a VllmEngine's own `stream()`, outbox and
     `_hand_out`, with `requests` streams read on one asyncio loop, and a step thread whose
-    vLLM step is a sleep of `step_s` (a GPU step waits on the device). Returns the step
-    thread's and the consumer's CPU a token, and the hand-off's median trip."""
+    vLLM step is `step_s` long: `python_s` of Python (GIL held) before and after a sleep (a
+    GPU step waits on the device). Returns the step thread's and the consumer's CPU a
+    token, the hand-off's median trip, and the step thread's time off the CPU in its Python
+    a step (waiting for the GIL the consumer holds, or for a core)."""
     import types
 
     from engine.vllm.engine import VllmEngine
@@ -586,6 +602,15 @@ def run_scale_tokens(requests: int, steps: int, step_s: float) -> tuple[float, f
         block_cache=lambda: None,
     )
     hand_out: list[float] = []  # the step thread's CPU in `_hand_out`, a step
+    waited: list[float] = []  # the step thread off the CPU in vLLM's Python, a step
+
+    def python(cpu_s: float) -> None:
+        t = time.perf_counter()
+        end = time.thread_time() + cpu_s
+        while time.thread_time() < end:
+            pass
+        waited.append(time.perf_counter() - t - cpu_s)
+
     handed: list[float] = []
     arrived: list[float] = []
     import engine.vllm.engine as module
@@ -605,7 +630,12 @@ def run_scale_tokens(requests: int, steps: int, step_s: float) -> tuple[float, f
             live.append(one)
         engine._outbox.flush()
         for step in range(steps):
-            time.sleep(step_s)
+            # vLLM's step: its Python (scheduling this batch, then taking in the last
+            # one's outputs) holds the GIL; the GPU's part does not. A consumer that holds
+            # the GIL when the Python wants it shows here as time off the CPU.
+            python(python_s)
+            time.sleep(step_s - 2 * python_s)
+            python(python_s)
             last = step == steps - 1
             outputs = [_Output(x.request_id, step, last) for x in live]  # vLLM's work
             c0 = time.thread_time()
@@ -639,7 +669,10 @@ def run_scale_tokens(requests: int, steps: int, step_s: float) -> tuple[float, f
         module._deliver = deliver
     trips = sorted(b - a for a, b in zip(handed, arrived[1:], strict=False))
     step_cpu = sum(hand_out) / max(tokens, 1)
-    return step_cpu, consumer_cpu / max(tokens, 1), trips[len(trips) // 2] if trips else 0.0
+    trip = trips[len(trips) // 2] if trips else 0.0
+    per_step = [a + b for a, b in zip(waited[::2], waited[1::2], strict=False)]
+    off_cpu = statistics.median(per_step) if per_step else 0.0
+    return step_cpu, consumer_cpu / max(tokens, 1), trip, off_cpu
 
 
 def _scale(

@@ -43,6 +43,7 @@ from engine.events import (
     StepSample,
     StepStarted,
     StepStartListener,
+    TokenEvent,
     VllmTimings,
 )
 from engine.features import IN_PROCESS, EngineFeatures
@@ -94,6 +95,11 @@ class _Outbox:
         live.sent(item)
         self._by_loop[live.loop].append((live.queue, item))
 
+    def put_token(self, live: _Live, token: TokenEvent) -> None:
+        """`put` for a token, which never ends a request: no `sent` to note."""
+        assert live.loop is not None
+        self._by_loop[live.loop].append((live.queue, token))
+
     def flush(self) -> None:
         for loop, batch in self._by_loop.items():
             # A RuntimeError means the consumer's loop is gone: nobody is listening.
@@ -143,6 +149,13 @@ class VllmEngine:
         # Open streams from any thread; live requests on the step thread only.
         self._book: RequestBook[_Live] = RequestBook()
         self._internal: dict[str, str] = {}  # vLLM's internal ID -> caller's ID
+        # Live requests still before their first token: only they have a TTFT anatomy to
+        # book a step into, so a step with none skips the walk over every live request.
+        self._before_first: set[str] = set()
+        # Each live request's last RequestWork, by internal ID: a decode step's work is the
+        # same as the last step's, and a frozen one can be handed out again (hundreds of
+        # requests a step at GPU scale).
+        self._work: dict[str, RequestWork] = {}
         self._outbox = _Outbox()
         self._dead: str | None = None
         self._step = 0
@@ -394,6 +407,8 @@ class VllmEngine:
             error = EngineDied(self._dead)
             for live in self._book.end_all():
                 self._outbox.put(live, error)
+            self._before_first.clear()
+            self._work.clear()
             while True:
                 try:
                     kind, payload = self._commands.get_nowait()
@@ -451,6 +466,7 @@ class VllmEngine:
         live.vllm_stats = self._introspector.request_stats(live.internal_id)
         self._book.add(live)
         self._internal[live.internal_id] = rid
+        self._before_first.add(rid)
         self._outbox.put(live, live.accepted())
 
     def _abort(self, engine: Any, rid: str) -> None:
@@ -468,6 +484,8 @@ class VllmEngine:
             done = replace(done, cached_prompt_tokens=live.cached_tokens)
         self._outbox.put(live, done)
         self._internal.pop(live.internal_id, None)
+        self._before_first.discard(live.request_id)
+        self._work.pop(live.internal_id, None)
 
     def _one_step(self, engine: Any) -> None:
         called = time.perf_counter()
@@ -498,14 +516,11 @@ class VllmEngine:
         preempted = tuple(
             self._internal[i] for i in work.preempted_internal_ids if i in self._internal
         )
-        per_request = tuple(
-            RequestWork(self._internal[i], p, d)
-            for i, (p, d) in work.per_request.items()
-            if i in self._internal
-        )
-        total_tokens = work.prefill_tokens + work.decode_tokens
-        own_prefill = {w.request_id: w.prefill_tokens for w in per_request}
-        self._book.book_step(started, ended, own_prefill, total_tokens, set(preempted))
+        per_request = self._request_work(work.per_request)
+        if self._before_first:
+            total_tokens = work.prefill_tokens + work.decode_tokens
+            own_prefill = {w.request_id: w.prefill_tokens for w in per_request}
+            self._book.book_step(started, ended, own_prefill, total_tokens, set(preempted))
         for rid in preempted:
             victim = self._book.get(rid)
             if victim is not None:
@@ -539,24 +554,47 @@ class VllmEngine:
         self._listeners.emit(sample)
         self._hand_out(engine, outputs, ended)
 
+    def _request_work(self, scheduled: dict[str, tuple[int, int]]) -> tuple[RequestWork, ...]:
+        """Each of kvscope's scheduled requests' share of the step, by the caller's IDs."""
+        internal, known = self._internal, self._work
+        out = []
+        for i, (p, d) in scheduled.items():
+            rid = internal.get(i)
+            if rid is None:
+                continue
+            w = known.get(i)
+            if w is None or w.prefill_tokens != p or w.decode_tokens != d:
+                w = known[i] = RequestWork(rid, p, d)
+            out.append(w)
+        return tuple(out)
+
     def _hand_out(self, engine: Any, outputs: Any, ended: float) -> None:
         """The step's new tokens and finished requests to their streams."""
+        # Once a request a step, hundreds of requests at GPU scale: names looked up once.
+        get, put_token, step = self._book.get, self._outbox.put_token, self._step
         for out in outputs:
             # vLLM 0.32's outputs carry the caller's ID; its scheduler uses an internal one.
-            live = self._book.get(out.request_id)
+            live = get(out.request_id)
             if live is None or live.done or not out.outputs:
                 continue
             completion = out.outputs[0]
-            if out.num_cached_tokens is not None:
-                live.cached_tokens = int(out.num_cached_tokens)
+            cached = out.num_cached_tokens
+            if cached is not None and cached != live.cached_tokens:
+                live.cached_tokens = int(cached)
             new_ids = tuple(completion.token_ids)
             if new_ids:
+                if not live.times.token_times:
+                    self._before_first.discard(live.request_id)
                 # Stamped with the step's end: the moment vLLM made them.
-                token = live.times.token(new_ids, completion.text, step=self._step, at=ended)
-                self._outbox.put(live, token)
+                token = live.times.token(new_ids, completion.text, step=step, at=ended)
+                put_token(live, token)
                 stats = live.vllm_stats
                 if stats is not None:
-                    live.vllm_token_ts.extend([float(stats.last_token_ts)] * len(new_ids))
+                    at = float(stats.last_token_ts)
+                    if len(new_ids) == 1:
+                        live.vllm_token_ts.append(at)
+                    else:
+                        live.vllm_token_ts.extend([at] * len(new_ids))
             if out.finished:
                 reason: FinishReason = "length" if completion.finish_reason == "length" else "stop"
                 self._finish(live, reason, ended)
@@ -611,9 +649,24 @@ class VllmEngine:
     def add_step_start_listener(self, listener: StepStartListener) -> Callable[[], None]:
         return self._start_listeners.add(listener)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        """Submit `request` and yield its events (see the Engine protocol). Its clock starts
+        now; the request is checked and queued once the stream is first read."""
         submitted_at = time.perf_counter()  # the caller's clock: queueing here counts
         submitted_wall = time.time()
+
+        def submit() -> _Live:
+            return self._submit(request, submitted_at, submitted_wall)
+
+        # The book's own generator, with no second one around it: a layer is one more
+        # generator step per token on the consumer's loop, beside the step (issue 30).
+        return self._book.stream(request.request_id, submit, self.abort)
+
+    def _submit(
+        self, request: GenerationRequest, submitted_at: float, submitted_wall: float
+    ) -> _Live:
+        """On the consumer's loop, once the request ID is claimed: the request checked and
+        queued for the step thread. Raises EngineDied or PromptTooLong."""
         card = self._card
         if self._dead:
             raise EngineDied(self._dead)
@@ -632,16 +685,11 @@ class VllmEngine:
             asyncio.get_running_loop(),
             submitted_wall=submitted_wall,
         )
-
-        def submit() -> _Live:
-            with self._gate:
-                if self._dead:
-                    raise EngineDied(self._dead)
-                self._commands.put(("add", live))
-            return live
-
-        async for event in self._book.stream(rid, submit, self.abort):
-            yield event
+        with self._gate:
+            if self._dead:
+                raise EngineDied(self._dead)
+            self._commands.put(("add", live))
+        return live
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
