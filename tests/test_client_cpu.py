@@ -100,7 +100,7 @@ async def _deliver(
         return False
 
     error: BaseException | None = None
-    async with Dripper(n, 0.004, cut=cut) as server:
+    async with Dripper(n, 0.01, cut=cut) as server:
         transport = LeanTransport()
         http = httpx.AsyncClient(base_url=server.url, transport=transport)
         _Connection.wait = counted  # type: ignore[method-assign]
@@ -117,11 +117,12 @@ async def _deliver(
 
 
 def test_a_body_goes_to_its_reader_read_by_read_with_one_wake_up() -> None:
-    n = 40
+    n = 30
     got, written, waits, error = asyncio.run(_deliver(n))
     assert error is None
     assert b"".join(data for data, _, _ in got) == b"".join(_event(i) for i in range(n))
-    assert len(got) > n // 2  # the chunks came as reads of their own ...
+    # The chunks came as reads of their own (some may merge on a loaded host) ...
+    assert len(got) > n // 3
     assert waits <= 2  # ... and the task waited for the body's end, not for each of them
     # Each read's time is when it arrived: after the server wrote it, before (or as) the
     # sink was called with it, and never the same for two reads.
@@ -174,14 +175,14 @@ def _engine_stream(
 
 
 def test_a_token_keeps_the_time_its_bytes_arrived_while_its_consumer_is_busy() -> None:
-    itl_ms = 20.0
+    itl_ms = 50.0
     server = ServerProcess(ttft_ms=10.0, itl_ms=itl_ms)
     try:
-        (times,) = _engine_stream(server.url, max_tokens=14, users=1, hold_s=0.25)
+        (times,) = _engine_stream(server.url, max_tokens=14, users=1, hold_s=0.5)
     finally:
         server.stop()
     assert len(times) == 14
-    # About 12 tokens arrived while the consumer slept. Stamped where their bytes came
+    # About 10 tokens arrived while the consumer slept. Stamped where their bytes came
     # in, they keep the server's gaps; stamped when the consumer read them, they would
     # all share one time (a gap of 0).
     gaps = sorted(b - a for a, b in itertools.pairwise(times[1:]))
