@@ -17,7 +17,16 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual.widgets import Footer, Static
 from textual.widgets._footer import FooterKey  # not re-exported
-from tui_helpers import WIDE, engine_ready, make_app, reply_done, send_chat, settle
+from tui_helpers import (
+    WIDE,
+    HoldingClock,
+    engine_ready,
+    make_app,
+    reply_done,
+    send_chat,
+    settle,
+    wait_until,
+)
 
 from engine.fake import FakeConfig
 from tui.app import KvscopeApp
@@ -122,6 +131,42 @@ async def test_the_footer_forgets_the_keys_it_no_longer_shows() -> None:
         shown = len(footer.query(FooterKey))
         assert shown > 0
         assert len(watchers) <= shown + 2  # Textual's own footer kept ~6 more per change
+
+
+def footer_keys(app: KvscopeApp) -> list[tuple[str, bool]]:
+    """The footer's keys as drawn: each key's action and whether it is dimmed."""
+    return sorted((k.action, k.disabled) for k in app.screen.query_one(Footer).query(FooterKey))
+
+
+def keys_to_show(app: KvscopeApp) -> list[tuple[str, bool]]:
+    """The keys the screen's bindings say the footer shows now: one per action (the first
+    binding of each), and the command palette's."""
+    first: dict[str, bool] = {}
+    for _, b, on, _ in app.screen.active_bindings.values():
+        if b.show or b.key == app.COMMAND_PALETTE_BINDING:
+            first.setdefault(b.action, not on)
+    return sorted(first.items())
+
+
+async def test_the_footer_keeps_its_keys_until_what_it_shows_changes() -> None:
+    clock = HoldingClock(hold_after=3)
+    app: KvscopeApp = make_app(FakeConfig(reply_words=WORDS), clock=clock)
+    async with app.run_test(size=WIDE) as pilot:
+        await engine_ready(pilot)
+        drawn = list(app.screen.query_one(Footer).query(FooterKey))
+        assert footer_keys(app) == keys_to_show(app)
+        app.screen.refresh_bindings()  # Textual recomposes the footer: nothing new to show
+        await settle(pilot)
+        now = list(app.screen.query_one(Footer).query(FooterKey))
+        assert len(now) == len(drawn) and all(a is b for a, b in zip(now, drawn, strict=True))
+        idle = footer_keys(app)
+        await send_chat(pilot, "hello")  # a reply on its way changes the keys: they follow
+        await wait_until(pilot, lambda: app.main_screen.busy and clock.holding)
+        await settle(pilot)
+        assert footer_keys(app) == keys_to_show(app) != idle
+        clock.release()
+        await reply_done(pilot)
+        assert footer_keys(app) == keys_to_show(app) == idle
 
 
 def test_gc_between_replies_walks_the_whole_heap_only_when_it_grew(

@@ -40,7 +40,30 @@ class PrunedFooter(Footer):
 
         yield from sorted(parts, key=rank)
 
+    _drawn: tuple[object, ...] | None = None
+    """What the last recompose drew (`_keys_now`), or None before one."""
+
+    def _keys_now(self) -> tuple[object, ...] | None:
+        """What compose would draw now, as a value to compare: every shown binding's key,
+        its label, action, description, state and tooltip, in the screen's order, and the
+        palette's key; None while Textual has no bindings for the footer yet."""
+        if not self._bindings_ready or not self.is_attached:
+            return None
+        shown = tuple(
+            (b.key, self.app.get_key_display(b), b.action, b.description, on, tip, b.group)
+            for (_, b, on, tip) in self.screen.active_bindings.values()
+            if b.show
+        )
+        return (shown, self.show_command_palette, self.app.ENABLE_COMMAND_PALETTE)
+
     async def recompose(self) -> None:
+        # Textual recomposes at every change of the bindings anywhere on the screen (focus
+        # moving, a reply starting or ending), and most change nothing the footer shows:
+        # then the keys stay, rather than ~10 new widgets styled again each time.
+        drawn = self._keys_now()
+        if drawn is not None and drawn == self._drawn:
+            return
+        self._drawn = drawn
         await super().recompose()
         # The watcher lists live under this literal name (textual/reactive.py `_watch`).
         watchers: dict[str, list[tuple[object, object]]] = getattr(self, "__watchers", {})
