@@ -176,7 +176,13 @@ class ForkedRun:
         self.stderr: IO[bytes] | None = open(err_r, "rb")  # noqa: SIM115
         theirs += [out_w, err_w]
         self._out_fd, self._err_fd = out_r, err_r
-        request = {"argv": argv, "env": self._zygote.child_env(env), "cwd": str(cwd)}
+        request = {
+            "argv": argv,
+            "env": self._zygote.child_env(env),
+            "cwd": str(cwd),
+            # A fresh process would keep what this one ignores (zygote_server.become).
+            "ignored": [int(s) for s in signal.Signals if signal.getsignal(s) == signal.SIG_IGN],
+        }
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(self._zygote.path)
         self._sock.sendmsg(

@@ -65,23 +65,39 @@ def test_a_fork_runs_a_script_as_a_fresh_python_does(zygote: Zygote, tmp_path: P
     assert b'"said": "this run"' in out and b'"leader": true' in out and b'"typed\\n"' in out
 
 
-def test_a_signal_to_its_group_ends_it_as_it_ends_a_fresh_one(
-    zygote: Zygote, tmp_path: Path
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_a_signal_to_its_group_does_what_it_does_to_a_fresh_one(
+    zygote: Zygote, tmp_path: Path, sigint: str
 ) -> None:
+    """Ctrl-C (SIGINT to the group) ends both with KeyboardInterrupt's status, or, where
+    the test's process ignores SIGINT (an xdist worker does, and a fresh process keeps
+    that across exec), leaves both running; SIGTERM then ends both."""
     env = dict(zygote.env)
-    runs: dict[str, KvscopeProcess] = {
-        "fresh": fresh(SLEEPER, env=env, cwd=tmp_path),
-        "forked": ForkedRun([sys.executable, "-c", SLEEPER], env, tmp_path, False, zygote),
-    }
-    codes = {}
-    for name, proc in runs.items():
+    was = signal.signal(
+        signal.SIGINT, signal.SIG_IGN if sigint == "ignored" else signal.default_int_handler
+    )
+    try:
+        runs: dict[str, KvscopeProcess] = {
+            "fresh": fresh(SLEEPER, env=env, cwd=tmp_path),
+            "forked": ForkedRun([sys.executable, "-c", SLEEPER], env, tmp_path, False, zygote),
+        }
+    finally:
+        signal.signal(signal.SIGINT, was)
+    for proc in runs.values():
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"up\n"
-        assert proc.poll() is None
         os.killpg(proc.pid, signal.SIGINT)
+    if sigint == "ignored":
+        time.sleep(0.5)  # a SIGINT that ended one would have by now; none may
+        assert [p.poll() for p in runs.values()] == [None, None]
+        for proc in runs.values():
+            os.killpg(proc.pid, signal.SIGTERM)
+    codes = {}
+    for name, proc in runs.items():
         finish_in_group(proc, 30)
         codes[name] = proc.returncode
-    assert codes["forked"] == codes["fresh"] == -signal.SIGINT  # KeyboardInterrupt's exit
+    want = -signal.SIGINT if sigint == "handled" else -signal.SIGTERM
+    assert codes == {"fresh": want, "forked": want}
 
 
 def test_a_run_past_its_timeout_is_killed_with_its_group(zygote: Zygote, tmp_path: Path) -> None:

@@ -50,6 +50,12 @@ PRELOAD = (
     "vllm.v1.worker.cpu_model_runner",
     "vllm.v1.worker.cpu_worker",
 )
+RESET_SIGNALS = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+    signal.SIGUSR2, signal.SIGALRM, signal.SIGCHLD,
+)  # fmt: skip
+"""The signals a fork takes from the request: Python itself ignores SIGPIPE and SIGXFSZ
+at start-up, in a fresh process as in the zygote."""
 MAX_FDS = 3
 REQUEST_BYTES = 1 << 20
 
@@ -60,6 +66,7 @@ class Request:
     env: dict[str, str]
     cwd: str
     code: str | None
+    ignored: frozenset[int]  # the signals the requester ignores (see `become`)
 
 
 def threads() -> int:
@@ -77,7 +84,8 @@ def receive(conn: socket.socket) -> tuple[Request, list[int]]:
     raw = json.loads(data)
     argv = [str(a) for a in raw["argv"]]
     code = argv[2] if argv[1:2] == ["-c"] else None
-    return Request(argv, dict(raw["env"]), str(raw["cwd"]), code), list(fds)
+    ignored = frozenset(int(x) for x in raw.get("ignored", []))
+    return Request(argv, dict(raw["env"]), str(raw["cwd"]), code, ignored), list(fds)
 
 
 def become(request: Request, fds: list[int], keep_closed: list[int]) -> None:
@@ -88,9 +96,16 @@ def become(request: Request, fds: list[int], keep_closed: list[int]) -> None:
     for fd in {*fds, *keep_closed}:
         if fd > 2:
             os.close(fd)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # As a fresh Python would start from the requester: a signal it ignores stays ignored
+    # across exec (an xdist worker ignores SIGINT, so a fresh Python there never raises
+    # KeyboardInterrupt), any other is the default, SIGINT Python's KeyboardInterrupt.
+    for sig in RESET_SIGNALS:
+        if sig in request.ignored:
+            signal.signal(sig, signal.SIG_IGN)
+        elif sig == signal.SIGINT:
+            signal.signal(sig, signal.default_int_handler)
+        else:
+            signal.signal(sig, signal.SIG_DFL)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
