@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import gc
 import importlib
 import json
 import os
@@ -133,9 +132,6 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> Request | None:
         print(f"unsafe Python threads after importing {', '.join(preload)}: {names}", flush=True)
         return None
     n = threads()
-    # What the imports made, out of the collector's sight: a fork's collections (and the
-    # last one, at its exit) would walk all of it, and touching an object copies its page.
-    gc.freeze()
     set_by_imports = {k: v for k, v in os.environ.items() if start_env.get(k) != v}
     unset_by_imports = sorted(k for k in start_env if k not in os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
