@@ -35,7 +35,9 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def _kvscope(
     tmp_path: Path, *args: str, timeout: float = 60, **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    return run_kvscope(*args, env=_env(tmp_path, **extra), timeout=timeout)
+    # Fresh: these refusals come before any engine, and a fork of the zygote (vLLM
+    # imported) costs more than a fresh process that never imports it.
+    return run_kvscope(*args, env=_env(tmp_path, **extra), timeout=timeout, fresh=True)
 
 
 def _dead_port() -> int:
