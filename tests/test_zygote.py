@@ -107,3 +107,33 @@ def test_a_run_past_its_timeout_is_killed_with_its_group(zygote: Zygote, tmp_pat
         finish_in_group(proc, 1.0)
     assert time.monotonic() - start < 30
     assert proc.returncode == -signal.SIGKILL
+
+
+CYCLE = """
+import os
+class Cycle:  # garbage only once the interpreter clears this module at its exit
+    def __del__(self, write=os.write):
+        write(2, b"collected at exit\\n")
+cycle = Cycle()
+cycle.me = cycle
+"""
+
+
+def test_what_the_zygote_imported_is_collected_at_a_forks_exit_as_at_a_fresh_ones(
+    tmp_path: Path,
+) -> None:
+    # The zygote freezes what its imports made (out of every collection's reach): a fork's
+    # exit must collect it again, as a fresh process's exit does, or native bindings say
+    # they leaked (nanobind's report on stderr, under triton).
+    (tmp_path / "cycle_at_exit.py").write_text(CYCLE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    z = Zygote(env, preload=("cycle_at_exit",))
+    assert not z.unsafe, z.unsafe
+    code = "import cycle_at_exit"
+    runs: dict[str, KvscopeProcess] = {
+        "fresh": fresh(code, env=env, cwd=tmp_path),
+        "forked": ForkedRun([sys.executable, "-c", code], env, tmp_path, False, z),
+    }
+    seen = {name: proc.communicate(timeout=60)[1] for name, proc in runs.items()}
+    z.end()
+    assert seen == {"fresh": b"collected at exit\n", "forked": b"collected at exit\n"}

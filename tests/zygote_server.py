@@ -25,7 +25,9 @@ puts the streams on 0-2, takes the request's environment and folder, and returns
 from __future__ import annotations
 
 import array
+import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -106,6 +108,11 @@ def become(request: Request, fds: list[int], keep_closed: list[int]) -> None:
             signal.signal(sig, signal.default_int_handler)
         else:
             signal.signal(sig, signal.SIG_DFL)
+    # The interpreter's exit collects what the zygote froze, as a fresh process's exit
+    # collects what its imports made: frozen, triton's bindings stay uncollected, and
+    # nanobind prints a leak report on stderr. Registered before the command's own
+    # handlers, so it runs after them (atexit runs the last registered first).
+    atexit.register(gc.unfreeze)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
@@ -131,6 +138,11 @@ def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> Request | None:
         names = ", ".join(t.name for t in threading.enumerate())
         print(f"unsafe Python threads after importing {', '.join(preload)}: {names}", flush=True)
         return None
+    # What the imports made is frozen, out of every collection's reach: else a fork's
+    # collections walk all of it, and each object a walk touches has its page copied. A
+    # small `kvscope generate` forked took 7.3 s, 6.1 s with this (a fresh one 15.5 s).
+    gc.collect()
+    gc.freeze()
     n = threads()
     set_by_imports = {k: v for k, v in os.environ.items() if start_env.get(k) != v}
     unset_by_imports = sorted(k for k in start_env if k not in os.environ)
