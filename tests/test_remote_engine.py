@@ -168,13 +168,37 @@ def scrape_timeline(
         f"{fin.output_tokens} tokens ({fin.reason}); bad samples {remote.bad_samples}; "
         f"metrics note: {remote.capabilities.metrics_note!r}"
     ]
-    lines += [
-        f"{s.time_s - submitted:7.2f} s  seq {s.seq}  kv {s.kv_usage:.3f}  running {s.running}"
-        f"  prompt +{s.prompt_tokens}  generated +{s.generation_tokens}"
-        for s in scrapes
-    ]
+    lines += [scrape_line(s, submitted) for s in scrapes]
     return "\n".join(lines)
 
+
+def scrape_line(s: ScrapeSample, since: float) -> str:
+    return (
+        f"{s.time_s - since:7.2f} s  seq {s.seq}  kv {s.kv_usage:.3f}  running {s.running}"
+        f"  waiting {s.waiting}  prompt +{s.prompt_tokens}  generated +{s.generation_tokens}"
+    )
+
+
+def quiet(s: ScrapeSample) -> bool:
+    """The server, as this scrape says: no request running, waiting or holding KV blocks,
+    and no token counted since the scrape before."""
+    held = (s.running, s.waiting, s.kv_usage, s.prompt_tokens, s.generation_tokens)
+    return held == (0, 0, 0.0, 0, 0)
+
+
+def first_quiet_after_the_first(scrapes: list[ScrapeSample]) -> int | None:
+    """The index of the first quiet scrape heard after the first one heard, if any.
+
+    The first scrape a new listener hears may have been sent before the listener was
+    added: on a busy host the scraper's thread hands it on late, and the server may have
+    answered it before an earlier test's last request ran. The scraper sends each scrape
+    only after handing on the one before, so every later one was sent after."""
+    return next((i for i in range(1, len(scrapes)) if quiet(scrapes[i])), None)
+
+
+QUIET_WITHIN_S = 60.0
+"""How long a test waits for the session's server to end what earlier tests left on it: a
+hang guard (an aborted request ends within a step, a finished one is already counted)."""
 
 PROMPT, REPLY = 400, 96  # the request whose blocks the scrapes must see
 
@@ -185,11 +209,24 @@ async def test_scraped_kv_usage_rises_then_falls(remote: RemoteEngine) -> None:
     records = _Records()
     kvscope_log = logging.getLogger("kvscope")
     kvscope_log.addHandler(records)
+    began = time.perf_counter()
     remove = remote.add_scrape_listener(scrapes.append)
     remove_steps = remote.add_step_listener(steps.append)
     try:
-        assert wait_for(lambda: bool(scrapes) and scrapes[-1].kv_usage == 0.0, 5)
-        start = len(scrapes)
+        # The server is the session's, and this test sums its counters' growth: it counts
+        # from a scrape that was sent after this test began and shows the server quiet,
+        # so every earlier test's request has ended and its tokens are counted before it.
+        # (Counting from the first scrape heard once took in the previous test's request.)
+        def settled() -> bool:
+            return first_quiet_after_the_first(scrapes) is not None
+
+        assert wait_for(settled, QUIET_WITHIN_S), (
+            f"the server was not quiet within {QUIET_WITHIN_S:g} s of this test's start; "
+            "its scrapes since:\n" + "\n".join(scrape_line(s, began) for s in scrapes)
+        )
+        baseline = first_quiet_after_the_first(scrapes)
+        assert baseline is not None  # it stays found: the list only grows
+        start = baseline + 1
         # A short prompt and a long reply: the blocks are held for the whole decode, and a
         # decode of 96 steps spans many scrapes on any CPU (one of 48 once saw none in CI).
         ids = remote.synthetic_prompt(PROMPT, seed=7)
