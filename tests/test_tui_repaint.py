@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
-from tui_helpers import block_sample, screen_lines
+from tui_helpers import block_sample, screen_lines, wait_until
 
 from engine.events import RequestBlocks
 from tui.widgets.box_titles import retitle
@@ -127,7 +127,10 @@ async def test_block_map_step_marks_only_the_rows_that_changed() -> None:
     async with MapApp(block_map).run_test(size=(30, 20)) as pilot:
         first = (RequestBlocks("a", (0, 1), 32),)
         block_map.show_sample(block_sample(first, 120))
-        await pilot.pause()
+        # Until the first sample is on screen: what it marked (every row) has been painted,
+        # so what is marked next is the second step's alone. A pause is not that: on a
+        # loaded host the screen's update can come after it.
+        await wait_until(pilot, lambda: not block_map._repaint_regions, 10, "the first paint")
         assert block_map.size.width == 30
         # Block 35 is on the second grid row; the legend's "a" entry and free count change.
         assert block_map.blocks_per_cell(30) == 1

@@ -113,7 +113,7 @@ def make_app(
 
 
 async def wait_until(
-    pilot: Pilot[int],
+    pilot: Pilot[Any],  # any app's: the repaint tests drive apps of their own
     condition: Callable[[], bool],
     timeout: float = 10.0,
     what: str = "",
