@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,16 +20,11 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.loopback_port import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = ROOT / ".venv-mock" / "bin" / "guidellm"
 START_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (the mock takes no port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any
 from session_engine import TEST_DTYPE
 from work_meter import METER
 
-from benchmarks.guidellm_mock import free_port as free_port  # for the tests that import it here
+from benchmarks.loopback_port import free_port as free_port  # for the tests that import it here
 
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "kvscope-test-key"
