@@ -30,7 +30,8 @@ def _below_ephemeral() -> range:
     return range(LOWEST, max(LOWEST + 1000, first))
 
 
-_order = random.Random(os.getpid()).sample(_below_ephemeral(), 4000)
+_ports = _below_ephemeral()
+_order = random.Random(os.getpid()).sample(_ports, len(_ports))
 _handed_out: set[int] = set()
 
 

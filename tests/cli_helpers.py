@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 KVSCOPE = str(Path(sys.executable).with_name("kvscope"))
+"""This venv's `kvscope`, for tests that run the command as a user would."""
 NO_VLLM_FLAGS = frozenset({"--fake", "--url", "--replica", "--compare-urls", "--prefill"})
 """A command with one of these runs no vLLM in its process (cli/engine_choice.py: the fake
 engine, or servers over HTTP; tests/test_bad_input_attach.py runs them with vLLM hidden).
 It runs fresh: a fork's exit collects all the zygote imported, which costs more than the
 imports such a command makes (measured one at a time on the 2-core EPYC: `bench --fake`
 3.6 s forked, 1.4 s fresh; `generate --url` to a closed port 2.5 s forked, 0.4 s fresh)."""
-"""This venv's `kvscope`, for tests that run the command as a user would."""
 
 READY = "kvscope: engine ready:"
 """How the line starts that a command prints once its engine is up: progress, not an error."""
