@@ -30,21 +30,10 @@ READY = "kvscope: engine ready:"
 """How the line starts that a command prints once its engine is up: progress, not an error."""
 
 
-def own_core_env() -> dict[str, str]:
-    """The environment that puts a vLLM subprocess's OpenMP threads on the last core.
-
-    vLLM's automatic binding puts every engine's threads on the first cores and leaves the
-    last one to "other processes": the session's engine and server compute there, so a
-    command started beside them (an `own_engine` test in the other worker) takes the last.
-    """
-    cores = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])} if len(cores) > 1 else {}
-
-
 def command_env(**extra: str) -> dict[str, str]:
-    """The environment a test gives a `kvscope` run: this one, quiet torch logging, the
-    last core (`own_core_env`), no debug output; `extra` on top."""
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **own_core_env(), **extra}
+    """The environment a test gives a `kvscope` run: this one (one OpenMP thread: see
+    tests/conftest.py), quiet torch logging, no debug output; `extra` on top."""
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **extra}
     env.pop("KVSCOPE_DEBUG", None)
     return env
 

@@ -41,6 +41,16 @@ def _poll_idle_finer() -> None:
 
 _poll_idle_finer()
 
+# Every engine the tests run in a process of theirs (the session's, and each `kvscope` a
+# test starts) computes on one OpenMP thread. vLLM binds threads only in its multiprocess
+# executor (a server's worker: one thread on its core); an in-process engine takes torch's
+# default, one thread per core, and two such teams on two cores wait at each other's
+# barriers: beside a `kvscope generate` decoding, test_engine_protocol's block-count test
+# took 4.8 s where it takes 0.85 s alone, and 1.2 s with one thread in each engine. Set
+# before anything imports torch (nothing above does), so this process and every process it
+# starts read it; a value set outside the tests is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _vllm_loaded() -> bool:
     # A test may block the import with `sys.modules["vllm"] = None`: that is not vLLM.
@@ -65,7 +75,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.engine)
         if item.get_closest_marker("own_engine") is not None:
             # vLLM only in a subprocess of the test's own: it runs in whichever worker is
-            # free, beside the session's engine (its OpenMP threads on another core).
+            # free, beside the session's engine (each on one OpenMP thread, see above).
             shared = {"vllm_engine", "vllm_server", "real_fleet"} & set(item.fixturenames)
             if shared:
                 raise pytest.UsageError(
@@ -186,8 +196,14 @@ def tui_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def vllm_engine() -> Iterator[object]:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import torch
+
     from engine.vllm.engine import VllmEngine
 
+    # torch read OMP_NUM_THREADS when first imported: this fails if something imported it
+    # before this file set it (see the top of this file).
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    assert torch.get_num_threads() == threads, (torch.get_num_threads(), threads)
     engine = VllmEngine(argv=ENGINE_ARGV)
     engine.start()
     METER.count(engine)  # it may start before the meter could patch VllmEngine.start

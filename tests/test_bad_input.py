@@ -34,7 +34,6 @@ from cli_helpers import (
     READY,
     finish_in_group,
     one_line,
-    own_core_env,
     run_kvscope,
     start_kvscope,
 )
@@ -56,7 +55,7 @@ SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)
 
 # -- running kvscope ---------------------------------------------------------------------------
 def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **own_core_env(), **extra}
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **extra}
     env.pop("KVSCOPE_DEBUG", None)
     if cache is not None:
         env["KVSCOPE_CACHE_DIR"] = str(cache)
