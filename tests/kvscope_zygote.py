@@ -95,11 +95,24 @@ MAX_ZYGOTES = 2
 time ago (the worker's environment before its session engine started changed it, say)."""
 _zygotes: dict[frozenset[tuple[str, str]], Zygote] = {}
 _asked: dict[frozenset[tuple[str, str]], int] = {}
+_set_by_imports: dict[str, str] = {}
+"""What the zygotes' own imports set (each one's ready line says): vLLM, torch and
+transformers put these in the environment of whatever process imports them, a test
+worker's too, so the worker's environment has them once a test there imported vLLM."""
 
 
 def import_env(env: dict[str, str]) -> frozenset[tuple[str, str]]:
-    """The part of `env` an import could read: all but the RUNTIME_ONLY variables."""
-    return frozenset((k, v) for k, v in env.items() if not k.startswith(RUNTIME_ONLY))
+    """The part of `env` an import could read: all but the RUNTIME_ONLY variables, and but
+    the variables that hold what the imports themselves set (`_set_by_imports`). Such an
+    environment is the zygote's: its imports set them to these very values, and a fork runs
+    with them (`Zygote.child_env`). Without this, the worker's first in-process vLLM import
+    made every later run's environment new: a second zygote, and fresh runs until it came
+    (fresh clone P: four more fresh imports in one worker, about 10 s of CPU each)."""
+    return frozenset(
+        (k, v)
+        for k, v in env.items()
+        if not k.startswith(RUNTIME_ONLY) and _set_by_imports.get(k) != v
+    )
 
 
 def zygote_for(env: dict[str, str]) -> Zygote | None:
@@ -113,7 +126,8 @@ def zygote_for(env: dict[str, str]) -> Zygote | None:
     elif _asked[key] >= 2:
         while len(_zygotes) >= MAX_ZYGOTES:
             _zygotes.pop(next(iter(_zygotes))).close()
-        _zygotes[key] = Zygote(dict(key))
+        _zygotes[key] = zygote = Zygote(dict(key))
+        _set_by_imports.update(zygote.set_by_imports)
     return _zygotes.get(key)
 
 

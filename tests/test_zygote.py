@@ -137,3 +137,20 @@ def test_what_the_zygote_imported_is_collected_at_a_forks_exit_as_at_a_fresh_one
     seen = {name: proc.communicate(timeout=60)[1] for name, proc in runs.items()}
     z.end()
     assert seen == {"fresh": b"collected at exit\n", "forked": b"collected at exit\n"}
+
+
+def test_what_the_imports_set_makes_no_new_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker that imported vLLM has in its environment what the import set there; a run
+    # from it is still the zygote's, started before: its imports set the same.
+    import kvscope_zygote
+
+    monkeypatch.setattr(kvscope_zygote, "_set_by_imports", {"TORCH_X": "1"})
+    before = {"HOME": "/h", "KVSCOPE_RUN": "a"}
+    assert kvscope_zygote.import_env({**before, "TORCH_X": "1"}) == kvscope_zygote.import_env(
+        before
+    )
+    # Any other value is an environment of its own, as any other variable is.
+    assert kvscope_zygote.import_env({**before, "TORCH_X": "2"}) != kvscope_zygote.import_env(
+        before
+    )
+    assert kvscope_zygote.import_env({**before, "OTHER": "1"}) != kvscope_zygote.import_env(before)
