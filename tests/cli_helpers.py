@@ -26,14 +26,20 @@ It runs fresh: a fork's exit collects all the zygote imported, which costs more 
 imports such a command makes (measured one at a time on the 2-core EPYC: `bench --fake`
 3.6 s forked, 1.4 s fresh; `generate --url` to a closed port 2.5 s forked, 0.4 s fresh)."""
 
+QUIET = {"TORCH_CPP_LOG_LEVEL": "ERROR", "TQDM_DISABLE": "1"}
+"""What `cli.launch.quiet_native_warnings` sets in kvscope's environment. Given to every
+run, so a run's environment is the same before and after a test ran kvscope's code in the
+worker itself (which sets them there): one zygote, not two (tests/kvscope_zygote.py)."""
+
 READY = "kvscope: engine ready:"
 """How the line starts that a command prints once its engine is up: progress, not an error."""
 
 
 def command_env(**extra: str) -> dict[str, str]:
     """The environment a test gives a `kvscope` run: this one (one OpenMP thread: see
-    tests/conftest.py), quiet torch logging, no debug output; `extra` on top."""
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **extra}
+    tests/conftest.py), with what kvscope sets in its own (`quiet_native_warnings`), no
+    debug output; `extra` on top."""
+    env = {**os.environ, **QUIET, **extra}
     env.pop("KVSCOPE_DEBUG", None)
     return env
 

@@ -90,11 +90,11 @@ class Zygote:
         return out
 
 
-MAX_ZYGOTES = 2
+MAX_ZYGOTES = 3
 """Per test worker, the most alive at once: a new one ends the one asked for the longest
-time ago (the worker's environment before its session engine started changed it, say)."""
+time ago. Three: a worker's runs come in its own environment and in one or two of a
+test's (another HOME, a PYTHONPATH), and an environment's first run starts its zygote."""
 _zygotes: dict[frozenset[tuple[str, str]], Zygote] = {}
-_asked: dict[frozenset[tuple[str, str]], int] = {}
 _set_by_imports: dict[str, str] = {}
 """What the zygotes' own imports set (each one's ready line says): vLLM, torch and
 transformers put these in the environment of whatever process imports them, a test
@@ -115,20 +115,24 @@ def import_env(env: dict[str, str]) -> frozenset[tuple[str, str]]:
     )
 
 
-def zygote_for(env: dict[str, str]) -> Zygote | None:
-    """The zygote of this environment: started the second time a run asks for it. A zygote
-    costs what a fresh start costs, so one for an environment that a single run has (a
-    test's own PYTHONPATH, say) would cost a start and save none."""
+def zygote_for(env: dict[str, str]) -> Zygote:
+    """The zygote of this environment, started the first time a run asks for it. A zygote
+    costs what a fresh start costs, so an environment that a single run has loses nothing
+    but the fork's exit (about 2 s); the first run's zygote also says what its imports set,
+    and without that a worker's in-process vLLM import (its session engine) between its
+    first run and its second made the second's environment new (fresh clone S: two fresh
+    runs and a zygote in one worker, where one zygote does)."""
     key = import_env(env)
-    _asked[key] = _asked.get(key, 0) + 1
     if key in _zygotes:
         _zygotes[key] = _zygotes.pop(key)  # the most recently asked for comes last
-    elif _asked[key] >= 2:
-        while len(_zygotes) >= MAX_ZYGOTES:
-            _zygotes.pop(next(iter(_zygotes))).close()
+    else:
+        # One that would not fork (its imports failed: a test hid vLLM) holds nothing and
+        # is kept, so that environment's runs do not start it again.
+        while len(live := [k for k, z in _zygotes.items() if not z.unsafe]) >= MAX_ZYGOTES:
+            _zygotes.pop(live[0]).close()
         _zygotes[key] = zygote = Zygote(dict(key))
         _set_by_imports.update(zygote.set_by_imports)
-    return _zygotes.get(key)
+    return _zygotes[key]
 
 
 def fresh_reason(env: dict[str, str], prefix: bool, what: str = "") -> str:
@@ -148,8 +152,6 @@ def _fresh_reason(env: dict[str, str], prefix: bool) -> str:
     if prefix:
         return "a wrapper command comes first"
     zygote = zygote_for(env)
-    if zygote is None:
-        return "the first run in its environment"
     if zygote.unsafe:
         return f"the zygote does not fork: {zygote.unsafe}"
     if zygote.proc.poll() is not None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from cli_helpers import (
+    QUIET,
     READY,
     finish_in_group,
     one_line,
@@ -55,7 +56,7 @@ SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)
 
 # -- running kvscope ---------------------------------------------------------------------------
 def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", **extra}
+    env = {**os.environ, **QUIET, **extra}
     env.pop("KVSCOPE_DEBUG", None)
     if cache is not None:
         env["KVSCOPE_CACHE_DIR"] = str(cache)
