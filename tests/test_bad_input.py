@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from cli_helpers import (
-    QUIET,
     READY,
+    command_env,
     finish_in_group,
     one_line,
     run_kvscope,
@@ -56,8 +56,7 @@ SMALL = ["--max-model-len", "1024", "--kv-cache-memory-bytes", str(32 * 1024**2)
 
 # -- running kvscope ---------------------------------------------------------------------------
 def _env(cache: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, **QUIET, **extra}
-    env.pop("KVSCOPE_DEBUG", None)
+    env = command_env(**extra)
     if cache is not None:
         env["KVSCOPE_CACHE_DIR"] = str(cache)
     return env
