@@ -57,3 +57,15 @@ def test_incomplete_folder_is_rebuilt_atomically(
     again: list[str] = []
     model_prep.prepare_embedded_model(lambda stage, _f: again.append(stage))
     assert again == ["ready"]
+
+
+def test_the_conversion_parses_the_gguf_once_and_puts_the_library_back() -> None:
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with model_prep._gguf_parsed_once():
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 2) is not gguf.get_tensor_name_map(arch, 30)
+        assert gguf.GGUFReader is not reader
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
