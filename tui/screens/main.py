@@ -147,6 +147,10 @@ class MainScreen(Screen[None]):
         self._estimate_seen: object = None
 
     def compose(self) -> ComposeResult:
+        # The breakpoint class the first Resize would set, set before the panels mount:
+        # set after, it restyles every widget on the screen (tests/test_tui_start_restyles.py).
+        width = self.app.size.width
+        self.add_class(max(b for b in self.HORIZONTAL_BREAKPOINTS if width >= b[0])[1])
         yield Header()
         yield Tabs(
             Tab("Chat F2", id="tab-chat"),
@@ -161,7 +165,10 @@ class MainScreen(Screen[None]):
             yield ChatPane(id="chat", classes="panel -active").data_bind(
                 MainScreen.engine_state, MainScreen.busy, MainScreen.latency_colours
             )
-            yield EnginePanel(self.telemetry, id="engine", classes="panel").data_bind(
+            # Not ready from the start (loading), rather than a restyle of the panel's
+            # every widget at its mount; the state's watcher keeps it from there.
+            ready = "" if self.engine_state == "ready" else " -not-ready"
+            yield EnginePanel(self.telemetry, id="engine", classes="panel" + ready).data_bind(
                 MainScreen.engine_state, MainScreen.card
             )
         yield PrunedFooter()

@@ -54,6 +54,8 @@ PLOT_ROWS = 7
 """A plot box's least height with data (engine_panel.tcss): a frame, three rows, an axis."""
 EMPTY_PLOT_ROWS = 3
 """A plot box's least height while it shows only its placeholder line."""
+PLOT_BOX = "box plot-box -empty"
+"""A plot box's classes as composed: empty until its plot has a figure."""
 BLOCK_ROWS = 4
 """The block map's rows at every size: at 80x24 a plot still fits on the Engine tab's
 first screen, and at 160x48 four plots share what the map leaves (a bigger pool draws
@@ -183,6 +185,8 @@ class EnginePanel(Vertical):
         self._roofs_card: ModelCard | None = None
 
     def compose(self) -> ComposeResult:
+        # Each plot box starts `-empty`, as `_share_rows` finds it at the first tick (no
+        # figure yet): set then, it would restyle the box and its plot at every start.
         yield Static("", id="engine-step")
         yield Static("", id="preempt-note")
         with VerticalScroll(id="engine-grid"):
@@ -194,20 +198,20 @@ class EnginePanel(Vertical):
                 box.border_title = "KV blocks"
                 yield KvBlockMap(id="block-map")
                 yield GpuTelemetryLine(id="gpu-telemetry")
-            with Vertical(id="kv-box", classes="box plot-box") as box:
+            with Vertical(id="kv-box", classes=PLOT_BOX) as box:
                 box.border_title = "KV usage"
                 yield Plot("no steps yet", id="kv-plot")
-            with LatencyBox(self.telemetry, id="itl-box", classes="box plot-box") as box:
+            with LatencyBox(self.telemetry, id="itl-box", classes=PLOT_BOX) as box:
                 box.border_title = "ITL per output token"
                 yield Plot("send a message to see its ITL", id="itl-plot")
-            with Vertical(id="ttft-box", classes="box plot-box") as box:
+            with Vertical(id="ttft-box", classes=PLOT_BOX) as box:
                 box.border_title = "Latency vs prompt tokens"
                 yield Plot("every reply adds a TTFT and a median-ITL point", id="ttft-plot")
-            with Vertical(id="roofline-box", classes="box plot-box") as box:
+            with Vertical(id="roofline-box", classes=PLOT_BOX) as box:
                 box.border_title = "Roofline: FLOP/s vs FLOPs per byte"
                 yield Plot(NO_PERF_WORDS, id="roofline-plot")
                 yield Static("", id="roofline-check")
-            with Vertical(id="load-plot-box", classes="box plot-box") as box:
+            with Vertical(id="load-plot-box", classes=PLOT_BOX) as box:
                 box.border_title = "Load: output tok/s vs median ITL"
                 yield Plot("each load point lands here", id="load-plot")
 

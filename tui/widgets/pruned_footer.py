@@ -32,6 +32,15 @@ class PrunedFooter(Footer):
         # No binding here has a group: Footer.compose yields every key, none is added to
         # a KeyGroup, so reordering what it yields reorders the row.
         parts = list(super().compose())
+        for part in parts:
+            if isinstance(part, FooterKey):
+                # A FooterKey is made compact (its default) and then bound to the footer's
+                # `compact`: two restyles of each key at each recompose. Given the value
+                # and its class before it mounts, its watcher finds the class right. The
+                # palette's key is the one Textual leaves unbound: it stays compact.
+                if not part.has_class("-command-palette"):
+                    part.set_reactive(FooterKey.compact, self.compact)
+                part.set_class(part.compact, "-compact", update=False)
 
         def rank(part: object) -> int:
             if isinstance(part, FooterKey) and part.action in self.LEADING_ACTIONS:
