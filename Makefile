@@ -16,8 +16,8 @@ lint: setup
 # Three workers, on two cores too: the engine tests in one (they share one engine, one
 # server, one fleet), everything else in the other two. Many tests wait on a clock (a mock
 # server's set TTFT and ITL, a timeout, a server starting), and a third worker computes
-# meanwhile: 10:24-11:20 against 11:07-12:35 with two (docs/testing.md). PYTEST_WORKERS=0 runs
-# it all in this process.
+# meanwhile: 10:24-11:20 against 11:07-12:35 with two (docs/testing.md).
+# PYTEST_WORKERS=0 runs it all in this process.
 PYTEST_WORKERS ?= 3
 
 test: lint
