@@ -145,7 +145,7 @@ async def test_a_request_sent_during_a_long_prefill_counts_its_wait(vllm_engine:
     assert short.ttft_s >= short.vllm.ttft_s
     # Ours includes the wait; vLLM's starts after it.
     assert short.ttft_s - short.vllm.ttft_s == pytest.approx(short.vllm.kvscope_queue_s, abs=0.01)
-    assert _check(short) < ITL_TOLERANCE_S
+    assert _check(short) < ITL_TOLERANCE_S, _said(short)
 
 
 async def _until(done: Callable[[], bool], timeout_s: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from typing import TYPE_CHECKING
 
 from rich.style import Style
 from textual.widgets import Input, Switch
@@ -26,6 +27,7 @@ from tui_helpers import (
 from engine.errors import KvPoolTooSmall
 from engine.events import LoadProgress, ModelCard, ProgressCallback, StepSample
 from engine.fake import REPLY, FakeConfig, FakeEngine
+from tui.app import KvscopeApp
 from tui.messages import StepSampled
 from tui.screens.help import HelpScreen
 from tui.settings import AppSettings
@@ -33,6 +35,9 @@ from tui.widgets.kv_block_map import USED
 from tui.widgets.plot import Plot
 from tui.widgets.prompt_length_slider import KV_POOL_CONSEQUENCE, MAX_MODEL_LEN_CONSEQUENCE
 from tui.widgets.token_latency_view import TokenLatencyView, latency_level
+
+if TYPE_CHECKING:
+    import pytest
 
 LONG_REPLY = tuple(f"w{i}" for i in range(400))
 
@@ -423,6 +428,22 @@ async def test_an_unknown_saved_theme_falls_back_with_a_notice(tui_config_dir) -
         # Seen to fail after one fixed pause in a fresh-clone run under load: see notified.
         await notified(pilot, "no-such-theme")
         assert app.theme == "kvscope-dark"
+
+
+async def test_a_notice_raised_at_the_start_is_found_after_it_expired(  # type: ignore[no-untyped-def]
+    tui_config_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a loaded host does to the test above: the start takes longer than a notice lives
+    # (fresh clone AB, a busy loop per core), and Textual drops it before the test looks.
+    monkeypatch.setattr(KvscopeApp, "NOTIFICATION_TIMEOUT", 0.01)
+    tui_config_dir.mkdir(parents=True, exist_ok=True)
+    (tui_config_dir / "settings.json").write_text(json.dumps({"theme": "no-such-theme"}))
+    app = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.05)  # five times its life: gone from the screen
+        assert not [n for n in app._notifications if "no-such-theme" in n.message]
+        message = await notified(pilot, "no-such-theme", severity="warning")
+        assert "using kvscope-dark" in message
 
 
 async def test_help_screen_lists_the_keys_and_closes() -> None:

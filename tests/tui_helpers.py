@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import difflib
 import os
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,27 @@ def make_app(
         engine = FakeEngine(fake_config, clock=clock or VirtualClock())
     app = KvscopeApp(engine, settings)
     app.animation_level = "none"
+    _log_notices(app)
     return app
+
+
+NOTICES: weakref.WeakKeyDictionary[App[Any], list[tuple[str, str]]] = weakref.WeakKeyDictionary()
+"""Every notice each app of make_app's raised, as (message, severity), expired or not."""
+
+
+def _log_notices(app: KvscopeApp) -> None:
+    """Keep each notice the app raises: Textual drops a notice from `app._notifications`
+    once its timeout (5 s of the wall clock) has passed, so on a loaded host a notice raised
+    as the app starts could be gone before a test first looks (fresh clone AB: a busy loop
+    per core, the saved-theme notice never seen in 10 s)."""
+    shown = NOTICES.setdefault(app, [])
+    raise_notice = app.notify
+
+    def notify(message: str, **kwargs: Any) -> None:
+        shown.append((message, kwargs.get("severity", "information")))
+        raise_notice(message, **kwargs)
+
+    app.notify = notify  # type: ignore[method-assign]
 
 
 async def wait_until(
@@ -144,15 +165,17 @@ def screen_lines(app: App[Any], rows: int | None = None) -> list[str]:
 
 
 async def notified(pilot: Pilot[int], text: str, *, severity: str | None = None) -> str:
-    """Wait until a notification containing `text` is up, and return its message. A notice
-    is a message the app posts to itself, so a fixed pause may come before it is handled
-    on a loaded machine."""
+    """Wait until the app has raised a notification containing `text`, and return its
+    message: for make_app's apps, read from NOTICES (up, or expired since); for any other
+    app, from those up now. A notice is a message the app posts to itself, so a fixed pause
+    may come before it is handled on a loaded machine."""
     app = pilot.app
 
     def found() -> str | None:
-        for n in app._notifications:
-            if text in n.message and (severity is None or n.severity == severity):
-                return n.message
+        raised = [(n.message, n.severity) for n in app._notifications]
+        for message, level in NOTICES.get(app, raised):
+            if text in message and (severity is None or level == severity):
+                return message
         return None
 
     await wait_until(pilot, lambda: found() is not None, what=f"a notification with {text!r}")
