@@ -122,6 +122,10 @@ async def test_a_frozen_server_is_named_at_once_and_works_once_thawed(
         assert "the reply so far is kept" in during.plain().lower()
 
         await served_all(engine)  # thawed: the next request is served whole
+        # With the default limits: the 2 s gap above was for telling a frozen server
+        # quickly, and a thawed one on a host busier than its cores took longer once
+        # (fresh clone AD, three workers: "nothing for 2 s after 1 token").
+        engine.timeouts = Timeouts()
         events = [e async for e in engine.stream(chat("thawed"))]
         assert isinstance(events[-1], RequestFinished)
         assert events[-1].output_tokens == 8
